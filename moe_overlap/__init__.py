@@ -1,0 +1,9 @@
+"""moe-overlap: Mixture-of-Experts expert-parallel communication overlap.
+
+Sub-packages:
+  ep/      the overlapped MoE implementation (torch)
+  skill/   torch-free agent logic: cards, config model, rules, generate, logs, diagnose, estimate
+  verify/  verification runs: launcher, worker, report
+"""
+
+__version__ = "0.1.0"

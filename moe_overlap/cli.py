@@ -1,0 +1,73 @@
+"""`moe-overlap` command line: argparse wiring only.
+
+Each sub-command lives in ``moe_overlap/commands/<name>.py`` with two functions:
+``add_arguments(parser)`` and ``run(args) -> int``. Logic stays in ``skill/``, ``verify/`` and ``ep/``.
+
+Exit codes (a contract scripts rely on): 0 ok / valid, 1 invalid or verification failed,
+2 usage or input error. ``--format json`` prints exactly one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from moe_overlap import __version__
+from moe_overlap.commands._common import EXIT_USAGE, CommandError, print_error
+
+# name -> one-line help. Modules are imported lazily so `moe-overlap validate` never pays for torch.
+COMMANDS: dict[str, str] = {
+    "card": "print a skill card, or one field of it",
+    "validate": "validate an EP-overlap training config against every constraint",
+    "generate": "generate a minimal working EP-overlap config, or a staged rollout plan",
+    "verify": "run A/B verification runs (baseline, overlap, overlap+wgrad) of the included MoE implementation",
+    "check-logs": "check a training log for the effective overlap config and failures",
+    "diagnose": "match an error message or symptom to known failure modes",
+    "estimate": "predict the benefit of EP overlap for a shape and fabric",
+}
+
+
+def _module_for(name: str):
+    return importlib.import_module(f"moe_overlap.commands.{name.replace('-', '_')}")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="moe-overlap", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"moe-overlap {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in COMMANDS.items():
+        if only is not None and name != only:
+            # Registered without arguments so `--help` lists it; its real parser is built on use.
+            sub.add_parser(name, help=help_text, add_help=False)
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _module_for(name).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Only the chosen command's module is imported (keeps start-up fast and torch-free).
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    only = chosen if chosen in COMMANDS else None
+    parser = build_parser(only)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed the usage error
+        return EXIT_USAGE if exc.code not in (0, None) else 0
+    if not args.command:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(_module_for(args.command).run(args))
+    except CommandError as exc:
+        print_error(exc, getattr(args, "format", "text"))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
