@@ -1,0 +1,75 @@
+"""`moe-overlap estimate`: predict the benefit of EP overlap for a shape and fabric (wiring only)."""
+
+from __future__ import annotations
+
+import argparse
+
+from moe_overlap.commands._common import EXIT_OK, CommandError, add_format_argument, emit
+
+# CLI flag -> EstimateRequest field (only flags the user actually passed are forwarded).
+_FIELDS = {
+    "hidden": "hidden", "moe_ffn": "moe_ffn", "experts": "experts", "topk": "topk", "tokens": "tokens",
+    "ep": "ep", "micro_batches": "micro_batches", "layers": "layers", "gpus_per_node": "gpus_per_node",
+    "precision": "precision", "fabric": "fabric", "intra_gbps": "intra_gbps", "inter_gbps": "inter_gbps",
+    "a2a_efficiency": "a2a_efficiency", "gpu_preset": "gpu_preset", "tflops": "tflops",
+    "dense_tflops": "dense_tflops", "mem_gbps": "mem_gbps", "attn_ms": "attn_ms", "other_ms": "other_ms",
+    "chunks": "chunks", "overlap_efficiency": "overlap_efficiency",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from moe_overlap.skill.hardware import GPUS, LINKS
+
+    g = p.add_argument_group("shape (per rank)")
+    g.add_argument("--hidden", type=int, required=True, help="hidden size D")
+    g.add_argument("--moe-ffn", type=int, required=True, help="expert FFN size F")
+    g.add_argument("--experts", type=int, required=True, help="routed experts E")
+    g.add_argument("--topk", type=int, required=True, help="experts per token K")
+    g.add_argument("--tokens", type=int, required=True, help="tokens per rank per micro-batch (seq x mbs)")
+    g.add_argument("--ep", type=int, required=True, help="expert-parallel degree")
+    g.add_argument("--micro-batches", type=int, help="micro-batches per step (1f1b needs >= 2; default 1)")
+    g.add_argument("--layers", type=int, help="MoE layers (default 1)")
+    g.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 8)")
+    g.add_argument("--precision", choices=["bf16", "fp16", "fp32"])
+    h = p.add_argument_group("hardware")
+    h.add_argument("--fabric", help="link presets joined by '+': " + ", ".join(sorted(LINKS)))
+    h.add_argument("--intra-gbps", type=float, help="intra-node GB/s per GPU per direction")
+    h.add_argument("--inter-gbps", type=float, help="inter-node GB/s per GPU per direction")
+    h.add_argument("--a2a-efficiency", type=float, help="achieved fraction of link bandwidth (default 0.75)")
+    h.add_argument("--gpu-preset", help="GEMM throughput preset: " + ", ".join(sorted(GPUS)))
+    h.add_argument("--tflops", type=float, help="expert GEMM TFLOP/s")
+    h.add_argument("--dense-tflops", type=float, help="router/dense GEMM TFLOP/s (default: --tflops)")
+    h.add_argument("--mem-gbps", type=float, help="memory-bound kernel GB/s")
+    h.add_argument("--overlap-efficiency", type=float, help="0..1, share of overlap achieved (default 1)")
+    h.add_argument("--calibrate", action="store_true",
+                   help="measure this machine (GEMM, memory, all-to-all, overlap) with 2 spawned ranks and use it")
+    h.add_argument("--calibrate-backend", choices=["gloo", "nccl"], help="default: nccl on CUDA, else gloo")
+    o = p.add_argument_group("model")
+    o.add_argument("--attn-ms", type=float, help="attention/dense forward ms per layer and micro-batch")
+    o.add_argument("--other-ms", type=float, help="ms per step outside the layers (optimizer, ...)")
+    o.add_argument("--chunks", type=int, help="token chunks of the chunked schedule (default 4)")
+    add_format_argument(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from moe_overlap.skill.estimate import EstimateError, estimate_overlap_benefit, parse_request
+    from moe_overlap.skill.estimate_text import render_text
+
+    data = {field: getattr(args, flag) for flag, field in _FIELDS.items() if getattr(args, flag) is not None}
+    if args.calibrate:
+        from moe_overlap.verify.calibrate import CalibrationFailed, calibrate
+
+        try:
+            data["calibration"] = calibrate(backend=args.calibrate_backend).model_dump()
+        except CalibrationFailed as exc:
+            raise CommandError(f"calibration failed: {exc}", exit_code=1,
+                               fix="check that torch is installed and 2 processes can start") from None
+    try:
+        result = estimate_overlap_benefit(parse_request(data))
+    except EstimateError as exc:
+        flag = "--" + exc.field.split(".")[0].replace("_", "-")
+        fix = f"{exc.fix} ({flag})" if exc.fix else f"see the valid values of {flag}"
+        raise CommandError(str(exc), field=exc.field, fix=fix,
+                           choices=exc.choices) from None
+    emit(result, args.format, render_text(result))
+    return EXIT_OK

@@ -1,0 +1,235 @@
+"""estimate_overlap_benefit: predict what EP communication overlap buys for a shape, EP degree and fabric.
+
+Torch-free. The model, per MoE layer and micro-batch (all ranks alike: balanced routing):
+
+* expert FLOPs: a routed token meets w1 [D, 2F] (gate and up) and w2 [F, D]: forward 2*D*2F + 2*F*D
+  = 6*D*F; backward dgrad 6*D*F and wgrad 6*D*F. Each rank runs T*K routed tokens.
+* all-to-all bytes per rank: T*K*D*bytes leave the rank's permute buffer per all-to-all; 1/N stay on
+  the rank, (g-1)/N go to the other g-1 GPUs of the node (g = min(EP, GPUs per node)), the rest
+  crosses nodes. Four all-to-alls per layer and micro-batch: dispatch and combine, forward and backward.
+* link time = max(intra bytes / intra bandwidth, inter bytes / inter bandwidth) + latency.
+* schedules are timelines of the layer's nodes on a compute and a comm stream (``skill/timeline.py``).
+
+Every assumption is returned in ``EstimateResult.assumptions``.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from moe_overlap.skill import hardware as hw
+from moe_overlap.skill.estimate_model import (
+    BYTES,
+    Calibration,
+    EstimateRequest,
+    EstimateResult,
+    PerLayer,
+    ResolvedHardware,
+    ScheduleEstimate,
+)
+from moe_overlap.skill.timeline import NodeTimes, blend, layer_timeline, one_f_one_b_timeline
+
+__all__ = ["Calibration", "EstimateError", "EstimateRequest", "EstimateResult", "estimate_overlap_benefit",
+           "parse_request"]
+
+NEGLIGIBLE_SPEEDUP = 1.05  # below a 5% predicted gain the card's "gain likely negligible" applies
+
+
+class EstimateError(ValueError):
+    """A bad request: names the field and the fix."""
+
+    def __init__(self, field: str, message: str, fix: str = "", choices: list[str] | None = None):
+        self.field, self.fix, self.choices = field, fix, choices
+        super().__init__(f"{field}: {message}")
+
+
+def check_request(req: EstimateRequest) -> None:
+    """Cross-field checks (field-level ranges are pydantic's); raises EstimateError naming the field."""
+    if req.topk > req.experts:
+        raise EstimateError("topk", f"top-k {req.topk} is larger than the number of experts {req.experts}",
+                            "set topk <= experts")
+    if req.experts % req.ep:
+        raise EstimateError("ep", f"EP {req.ep} does not divide the {req.experts} experts",
+                            "choose an EP degree that divides experts (rule ep-divides-experts)")
+    if req.ep > req.gpus_per_node and req.ep % req.gpus_per_node:
+        raise EstimateError("gpus_per_node", f"EP {req.ep} spans nodes but is not a multiple of "
+                            f"{req.gpus_per_node} GPUs per node", "use whole nodes for an EP group")
+
+
+def parse_request(data: dict) -> EstimateRequest:
+    """A dict (CLI, MCP, JSON) -> checked request; every error becomes an EstimateError naming the field."""
+    try:
+        req = EstimateRequest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err["loc"]) or "request"
+        raise EstimateError(field, f"{err['msg']} (got {err.get('input')!r})",
+                            f"give '{field}' a valid value; see `moe-overlap estimate --help`") from None
+    check_request(req)
+    return req
+
+
+def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
+    cal = req.calibration
+    sources: list[str] = []
+    intra = inter = None
+    if req.fabric:
+        try:
+            intra, inter = hw.parse_fabric(req.fabric)
+        except hw.PresetError as exc:
+            raise EstimateError("fabric", str(exc).split(": ", 1)[1], choices=exc.choices) from None
+        sources += [f"{p.name}: {p.source}" for p in (intra, inter) if p]
+    eff = req.a2a_efficiency or (1.0 if cal else hw.DEFAULT_A2A_EFFICIENCY)
+    intra_gbps = req.intra_gbps or (intra.gbps if intra else None) or (cal.a2a_gbps if cal else None)
+    inter_gbps = req.inter_gbps or (inter.gbps if inter else None) or (cal.a2a_gbps if cal else None)
+    if intra_gbps is None:
+        raise EstimateError("fabric", "no intra-node bandwidth", "pass fabric (e.g. h100-nvlink+ib-400g), "
+                            "intra_gbps, or a calibration", choices=sorted(hw.LINKS))
+    if multi_node and inter_gbps is None:
+        raise EstimateError("fabric", f"EP {req.ep} spans more than one node of {req.gpus_per_node} GPUs but no "
+                            "inter-node bandwidth is given", "add an inter-node preset (+ib-400g) or inter_gbps",
+                            choices=sorted(hw.LINKS))
+    gpu = None
+    if req.gpu_preset:
+        try:
+            gpu = hw.gpu_preset(req.gpu_preset)
+        except hw.PresetError as exc:
+            raise EstimateError("gpu_preset", str(exc).split(": ", 1)[1], choices=exc.choices) from None
+        sources.append(f"{gpu.name}: {gpu.source}")
+        if req.precision == "fp32":
+            raise EstimateError("precision", "GPU presets are bf16/fp16 measurements", "pass tflops for fp32")
+    tflops = req.tflops or (gpu.expert_tflops if gpu else None) or (cal.expert_tflops if cal else None)
+    if tflops is None:
+        raise EstimateError("gpu_preset", "no GEMM throughput", "pass gpu_preset (h100, h200), tflops, or calibrate",
+                            choices=sorted(hw.GPUS))
+    dense = req.dense_tflops or (gpu.dense_tflops if gpu else None) or (cal.dense_tflops if cal else None) or tflops
+    mem = req.mem_gbps or (gpu.mem_gbps if gpu else None) or (cal.mem_gbps if cal else None)
+    lat_default = (cal.a2a_latency_us if cal else None)
+    if cal:
+        sources.append(f"calibration: {cal.source}")
+    return ResolvedHardware(
+        expert_tflops=tflops, dense_tflops=dense, mem_gbps=mem,
+        intra_gbps=intra_gbps * eff, inter_gbps=(inter_gbps * eff) if inter_gbps else None,
+        a2a_efficiency=eff,
+        intra_latency_us=lat_default if lat_default is not None else (intra.latency_us if intra else 15.0),
+        inter_latency_us=lat_default if lat_default is not None else (inter.latency_us if inter else 30.0),
+        overlap_efficiency=req.overlap_efficiency if req.overlap_efficiency is not None
+        else (cal.overlap_efficiency if cal else 1.0),
+        sources=sources,
+    )
+
+
+def _per_layer(req: EstimateRequest, h: ResolvedHardware) -> PerLayer:
+    b = BYTES[req.precision]
+    d, f, n = req.hidden, req.moe_ffn, req.ep
+    routed = req.tokens * req.topk
+    node = min(n, req.gpus_per_node)
+    sent = routed * d * b
+    intra_bytes = sent * (node - 1) / n
+    inter_bytes = sent * (n - node) / n
+    ms = 1e3
+    link = max(intra_bytes / (h.intra_gbps * 1e9), inter_bytes / (h.inter_gbps * 1e9) if inter_bytes else 0.0)
+    latency = (h.inter_latency_us if inter_bytes else h.intra_latency_us) / 1e3 if n > 1 else 0.0
+    gemm_fwd = 6.0 * d * f * routed  # w1: 2*D*2F, w2: 2*F*D per routed token
+    router_fwd = 2.0 * req.tokens * d * req.experts
+    # Memory-bound passes per routed token: permute gather (read+write D), sort by local expert (read+write
+    # D), SwiGLU (read 2F, write F), unpermute + weighted sum (read D); backward moves about twice that.
+    mem_fwd = routed * b * (5 * d + 3 * f) + req.tokens * d * b
+    mem_ms = (mem_fwd / (h.mem_gbps * 1e9) * ms) if h.mem_gbps else 0.0
+    return PerLayer(
+        routed_tokens=routed,
+        expert_gflop_fwd=gemm_fwd / 1e9, expert_gflop_dgrad=gemm_fwd / 1e9, expert_gflop_wgrad=gemm_fwd / 1e9,
+        a2a_bytes=int(sent * (n - 1) / n), a2a_intra_bytes=int(intra_bytes), a2a_inter_bytes=int(inter_bytes),
+        a2a_ms=link * ms, a2a_latency_ms=latency,
+        expert_fwd_ms=gemm_fwd / (h.expert_tflops * 1e12) * ms,
+        router_fwd_ms=router_fwd / (h.dense_tflops * 1e12) * ms,
+        mem_fwd_ms=mem_ms, attn_fwd_ms=req.attn_ms,
+    )
+
+
+def _nodes(req: EstimateRequest, p: PerLayer) -> NodeTimes:
+    half_over = req.overhead_ms / 2
+    return NodeTimes(
+        pre_f=p.attn_fwd_ms + p.router_fwd_ms + 0.4 * p.mem_fwd_ms + half_over,
+        mlp_f=p.expert_fwd_ms + 0.4 * p.mem_fwd_ms,
+        post_f=0.2 * p.mem_fwd_ms,
+        post_b=0.4 * p.mem_fwd_ms,
+        dgrad_b=p.expert_fwd_ms + 0.8 * p.mem_fwd_ms,
+        wgrad_b=p.expert_fwd_ms,
+        pre_b=2 * p.attn_fwd_ms + 2 * p.router_fwd_ms + 0.8 * p.mem_fwd_ms + half_over,
+        a2a=p.a2a_ms, a2a_latency=p.a2a_latency_ms, count_exchange=p.a2a_latency_ms,
+    )
+
+
+def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
+    """Predict step times without overlap, with ``chunked``, ``1f1b`` and ``1f1b+wgrad``, and recommend."""
+    check_request(req)
+    multi_node = req.ep > req.gpus_per_node
+    h = _hardware(req, multi_node)
+    p = _per_layer(req, h)
+    nodes = _nodes(req, p)
+    eff = h.overlap_efficiency
+    m, L = req.micro_batches, req.layers
+
+    def sched(name: str, layer_tl_ms: float, compute: float, comm: float, note: str = "",
+              available: bool = True) -> ScheduleEstimate:
+        step = layer_tl_ms + req.other_ms
+        return ScheduleEstimate(name=name, step_ms=step, compute_ms=compute, comm_ms=comm,
+                                exposed_comm_ms=max(0.0, step - req.other_ms - compute), available=available,
+                                note=note)
+
+    none_tl = layer_timeline(nodes, 1)
+    scale = m * L
+    out = [sched("none", none_tl.serial * scale, none_tl.busy["compute"] * scale, none_tl.busy["comm"] * scale)]
+    ch = layer_timeline(nodes, req.chunks, req.chunk_backward)
+    out.append(sched("chunked", blend(ch, eff) * scale, ch.busy["compute"] * scale, ch.busy["comm"] * scale,
+                     f"{req.chunks} token chunks per layer; each adds {p.a2a_latency_ms:.3f} ms latency per all-to-all"))
+    for name, delay in (("1f1b", False), ("1f1b+wgrad", True)):
+        tl = one_f_one_b_timeline(nodes, L, m, delay)
+        note = ("needs >= 2 micro-batches (warning single-micro-batch): same as none" if m < 2 else
+                "first forward and last backward run alone; forward of micro-batch k+1 overlaps backward of k")
+        out.append(sched(name, blend(tl, eff), tl.busy["compute"], tl.busy["comm"], note, available=m >= 2))
+    base = out[0].step_ms
+    for s in out:
+        s.speedup = base / s.step_ms if s.step_ms > 0 else 1.0
+    return _recommend(req, h, p, out)
+
+
+def _recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer,
+               scheds: list[ScheduleEstimate]) -> EstimateResult:
+    from moe_overlap.skill.estimate_text import assumptions
+
+    none = scheds[0]
+    comm_share = none.comm_ms / (none.step_ms) if none.step_ms else 0.0
+    megatron = [s for s in scheds if s.name.startswith("1f1b") and s.available]
+    candidates = megatron or [s for s in scheds if s.name == "chunked"]
+    best = max(candidates, key=lambda s: s.speedup)
+    reasons = [f"all-to-all is {comm_share:.0%} of the step without overlap "
+               f"({p.a2a_ms + p.a2a_latency_ms:.3f} ms per all-to-all, 4 per layer and micro-batch)"]
+    if req.ep == 1:
+        decision = "avoid"
+        reasons.append("EP 1 has no all-to-all to hide (rule ep-size-gt-1)")
+    elif best.speedup < 1.0:
+        decision = "avoid"
+        reasons.append(f"the best schedule ({best.name}) is predicted slower ({best.speedup:.2f}x): "
+                       "chunk or pairing overheads exceed the hidden communication")
+    elif best.speedup < NEGLIGIBLE_SPEEDUP:
+        decision = "gain likely negligible"
+        reasons.append(f"best predicted speedup {best.speedup:.3f}x ({best.name}) is below "
+                       f"{NEGLIGIBLE_SPEEDUP:.2f}x: the run is light on communication or dominated by compute")
+    else:
+        decision = "use"
+        reasons.append(f"predicted speedup {best.speedup:.2f}x with {best.name}")
+    if req.micro_batches < 2:
+        reasons.append("one micro-batch: Megatron-Core's overlap (1f1b) has no second micro-batch to pair "
+                       "with (warning single-micro-batch); only the chunked schedule can help")
+    if best.name.startswith("1f1b"):
+        reasons.append("1f1b keeps a second micro-batch's activations alive: check memory headroom")
+    if h.overlap_efficiency >= 1.0:
+        reasons.append("overlap efficiency 1.0 is an upper bound (comm kernels take SMs/cores in practice); "
+                       "run with calibrate for this machine's value")
+    return EstimateResult(
+        request=req, hardware=h, per_layer=p, schedules=scheds, comm_share=comm_share,
+        recommended_schedule=best.name, predicted_speedup=best.speedup, recommendation=decision,
+        reasons=reasons, assumptions=assumptions(req, h),
+    )

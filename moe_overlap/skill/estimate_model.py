@@ -1,0 +1,119 @@
+"""Request and result models of the overlap-benefit estimator (torch-free, pydantic v2).
+
+The result is what the CLI prints as JSON and the MCP tool ``estimate_overlap_benefit`` returns.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+class Calibration(BaseModel):
+    """Numbers measured on this machine by ``moe_overlap.verify.calibrate`` (our own implementation)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    expert_tflops: float = Field(gt=0, description="grouped expert GEMM rate, TFLOP/s")
+    dense_tflops: float = Field(gt=0, description="plain matmul rate, TFLOP/s")
+    mem_gbps: float = Field(gt=0, description="gather/scatter copy rate, GB/s")
+    a2a_gbps: float = Field(gt=0, description="all-to-all bandwidth per rank per direction (already achieved)")
+    a2a_latency_us: float = Field(ge=0, description="fixed cost of one all-to-all")
+    overlap_efficiency: float = Field(ge=0, le=1, description="share of the shorter of (a2a, matmul) hidden "
+                                      "when both run at once")
+    overhead_ms: float = Field(0.0, ge=0, description="fixed host cost of one MoE layer fwd+bwd (python, small ops)")
+    source: str = Field(description="machine, backend, world size, date")
+
+
+class EstimateRequest(BaseModel):
+    """One MoE shape, parallel layout and hardware. Sizes are per rank; times in ms."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hidden: int = Field(gt=0, description="hidden size D")
+    moe_ffn: int = Field(gt=0, description="expert FFN hidden size F (w1 is [D, 2F], w2 is [F, D])")
+    experts: int = Field(gt=0, description="number of routed experts E")
+    topk: int = Field(gt=0, description="experts per token K")
+    tokens: int = Field(gt=0, description="tokens per rank per micro-batch (sequence length x micro-batch size)")
+    ep: int = Field(gt=0, description="expert-parallel degree N")
+    micro_batches: int = Field(1, gt=0, description="micro-batches per step (1f1b needs >= 2)")
+    layers: int = Field(1, gt=0, description="MoE layers (step times scale with it)")
+    gpus_per_node: int = Field(8, gt=0, description="GPUs per node (sets the intra/inter-node split)")
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    fabric: str | None = Field(None, description="link presets, e.g. 'h100-nvlink+ib-400g'")
+    intra_gbps: float | None = Field(None, gt=0, description="intra-node GB/s per GPU per direction (overrides fabric)")
+    inter_gbps: float | None = Field(None, gt=0, description="inter-node GB/s per GPU per direction (overrides fabric)")
+    a2a_efficiency: float | None = Field(None, gt=0, le=1, description="achieved fraction of link bandwidth")
+    gpu_preset: str | None = Field(None, description="GEMM/memory throughput preset (h100, h200)")
+    tflops: float | None = Field(None, gt=0, description="expert GEMM TFLOP/s (overrides the preset)")
+    dense_tflops: float | None = Field(None, gt=0, description="router/dense GEMM TFLOP/s (default: tflops)")
+    mem_gbps: float | None = Field(None, gt=0, description="memory-bound kernel GB/s (permute, activation)")
+    attn_ms: float = Field(0.0, ge=0, description="attention/dense forward time per layer per micro-batch")
+    overhead_ms: float = Field(0.0, ge=0, description="fixed host cost per layer per micro-batch (fwd+bwd)")
+    other_ms: float = Field(0.0, ge=0, description="time per step outside the layers, never overlapped")
+    chunks: int = Field(4, ge=2, description="token chunks of the 'chunked' schedule")
+    chunk_backward: bool = Field(True, description="the chunked schedule also pipelines the backward pass")
+    overlap_efficiency: float | None = Field(None, ge=0, le=1,
+                                             description="1: overlapped comm costs compute nothing; 0: no overlap")
+    calibration: Calibration | None = None
+
+
+
+class ResolvedHardware(BaseModel):
+    """The rates the estimate used, after presets, explicit values and calibration were merged."""
+
+    expert_tflops: float
+    dense_tflops: float
+    mem_gbps: float | None = Field(description="None: memory-bound passes not modelled")
+    intra_gbps: float = Field(description="achieved intra-node all-to-all GB/s (nominal x efficiency)")
+    inter_gbps: float | None
+    a2a_efficiency: float
+    intra_latency_us: float
+    inter_latency_us: float
+    overlap_efficiency: float
+    sources: list[str]
+
+
+class PerLayer(BaseModel):
+    """One MoE layer, one micro-batch, one rank."""
+
+    routed_tokens: int
+    expert_gflop_fwd: float
+    expert_gflop_dgrad: float
+    expert_gflop_wgrad: float
+    a2a_bytes: int = Field(description="bytes one all-to-all sends off the rank")
+    a2a_intra_bytes: int
+    a2a_inter_bytes: int
+    a2a_ms: float = Field(description="link time of one all-to-all, latency excluded")
+    a2a_latency_ms: float
+    expert_fwd_ms: float = Field(description="expert GEMMs forward (dgrad and wgrad take the same each)")
+    router_fwd_ms: float
+    mem_fwd_ms: float = Field(description="memory-bound passes forward (backward: twice)")
+    attn_fwd_ms: float
+
+
+class ScheduleEstimate(BaseModel):
+    name: Literal["none", "chunked", "1f1b", "1f1b+wgrad"]
+    step_ms: float
+    compute_ms: float = Field(description="busy time of the compute stream")
+    comm_ms: float = Field(description="busy time of the comm stream")
+    exposed_comm_ms: float = Field(description="step time not covered by compute")
+    speedup: float = 1.0
+    available: bool = True
+    note: str = ""
+
+
+class EstimateResult(BaseModel):
+    request: EstimateRequest
+    hardware: ResolvedHardware
+    per_layer: PerLayer
+    schedules: list[ScheduleEstimate]
+    comm_share: float = Field(description="all-to-all share of the step without overlap")
+    recommended_schedule: str
+    predicted_speedup: float
+    recommendation: Literal["use", "gain likely negligible", "avoid"]
+    reasons: list[str]
+    assumptions: list[str]

@@ -1,0 +1,63 @@
+"""Words of the estimator: the assumptions it states, and its result as text for people (torch-free)."""
+
+from __future__ import annotations
+
+from moe_overlap.skill.estimate_model import EstimateRequest, EstimateResult, ResolvedHardware
+
+
+def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
+    node = min(req.ep, req.gpus_per_node)
+    out = [
+        "balanced routing: every rank sends and receives tokens*topk routed tokens per all-to-all, "
+        "spread uniformly over the EP ranks (real routers are uneven: the slowest rank sets the pace)",
+        "alltoall dispatcher: one copy per (token, expert) pair crosses the link; DeepEP/HybridEP "
+        "deduplicate per rank/node and move less",
+        f"EP ranks are packed into nodes: {node} of the {req.ep} EP ranks share a node; 1/{req.ep} of the "
+        f"traffic stays on the rank, {node - 1}/{req.ep} uses the intra-node link, the rest the inter-node link",
+        "one all-to-all takes max(intra bytes / intra bandwidth, inter bytes / inter bandwidth) + a fixed "
+        "latency; intra- and inter-node transfers proceed at once",
+        f"achieved all-to-all bandwidth = nominal x {h.a2a_efficiency:.2f}",
+        "expert FLOPs per routed token: forward 6*D*F (w1 [D,2F]: 4*D*F, w2 [F,D]: 2*D*F); backward dgrad "
+        "6*D*F and wgrad 6*D*F; SwiGLU's elementwise work counted as memory traffic",
+        f"expert GEMMs at {h.expert_tflops:g} TFLOP/s at every chunk size (smaller chunks run slower in "
+        "practice: the chunked estimate is optimistic for many chunks)",
+        "memory-bound passes (permute, sort, SwiGLU, unpermute) read/write about routed*(5D+3F)+T*D elements "
+        "forward and twice that backward" + ("" if h.mem_gbps else "; not modelled (no mem_gbps given)"),
+        f"attention/dense forward {req.attn_ms:g} ms per layer and micro-batch, backward twice that",
+        "the forward dispatch first exchanges token counts (one more all-to-all latency)",
+        f"overlap efficiency {h.overlap_efficiency:.2f}: step = serial - efficiency x (serial - ideal two-stream "
+        "makespan); 1.0 means communication never slows compute (an upper bound on GPUs, where comm kernels "
+        "occupy SMs)",
+        "1f1b: Megatron-Core's pairing (forward of micro-batch k+1 with backward of k, forward layer i with "
+        "backward layer L-1-i, first forward and last backward alone); all layers identical",
+        "1f1b+wgrad: the backward dispatch waits only for dgrad; expert wgrad runs beside it",
+        "not modelled: pipeline parallelism, tensor/context parallelism, data-parallel gradient reduction, "
+        "optimizer step, shared experts, recomputation, kernel launch gaps"
+        + (f"; other_ms={req.other_ms:g} per step added unchanged to every schedule" if req.other_ms else ""),
+    ]
+    if req.overhead_ms:
+        out.append(f"fixed host cost {req.overhead_ms:g} ms per layer and micro-batch (never overlapped)")
+    return out
+
+
+def render_text(r: EstimateResult) -> str:
+    q, p = r.request, r.per_layer
+    lines = [
+        f"MoE layer: hidden {q.hidden}, ffn {q.moe_ffn}, {q.experts} experts, top-{q.topk}, {q.tokens} tokens/rank, "
+        f"EP {q.ep} ({q.gpus_per_node} GPUs/node), {q.micro_batches} micro-batch(es), {q.layers} layer(s), "
+        f"{q.precision}",
+        f"per layer and micro-batch: experts fwd {p.expert_gflop_fwd:.1f} GFLOP = {p.expert_fwd_ms:.3f} ms "
+        f"(bwd 2x); one all-to-all {p.a2a_bytes / 1e6:.1f} MB off-rank ({p.a2a_intra_bytes / 1e6:.1f} intra, "
+        f"{p.a2a_inter_bytes / 1e6:.1f} inter) = {p.a2a_ms:.3f} ms + {p.a2a_latency_ms:.3f} ms latency",
+        "",
+        f"{'schedule':<12}{'step ms':>12}{'exposed comm ms':>18}{'speedup':>10}",
+    ]
+    for s in r.schedules:
+        flag = "" if s.available else "  (not available)"
+        lines.append(f"{s.name:<12}{s.step_ms:>12.3f}{s.exposed_comm_ms:>18.3f}{s.speedup:>9.3f}x{flag}")
+    lines += ["", f"recommendation: {r.recommendation} (schedule {r.recommended_schedule}, "
+                  f"{r.predicted_speedup:.3f}x predicted)"]
+    lines += [f"  - {x}" for x in r.reasons]
+    lines += ["assumptions:"] + [f"  - {x}" for x in r.assumptions]
+    lines += ["sources:"] + [f"  - {x}" for x in r.hardware.sources]
+    return "\n".join(lines)

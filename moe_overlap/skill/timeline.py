@@ -1,0 +1,138 @@
+"""Two-stream timelines of one MoE layer's nodes, for the estimator (torch-free).
+
+A schedule is a list of tasks. Each task runs on one resource, ``compute`` or ``comm``; tasks on a resource
+run in the order they were added (one CUDA stream each, or the rank's main thread and the async
+all-to-all on CPU), and a task starts when its resource is free and all its dependencies have finished.
+The makespan of that list is the step time if communication never slows computation down
+(``ideal``). ``serial`` is the sum of all durations (nothing overlaps). Real machines sit between
+the two: :func:`blend` interpolates with an overlap efficiency measured by the calibration.
+
+Node names follow Megatron-Core's EP-overlap split of a layer (ANCHORS.md section 3): ``pre`` (attention,
+router, permute), ``dispatch`` (all-to-all), ``mlp`` (expert GEMMs), ``combine`` (all-to-all), ``post``
+(unpermute, weighted sum). Suffix ``_f`` forward, ``_b`` backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NodeTimes:
+    """Durations (ms) of one layer's nodes for one micro-batch (whole layer, not per chunk)."""
+
+    pre_f: float
+    mlp_f: float
+    post_f: float
+    post_b: float
+    dgrad_b: float
+    wgrad_b: float
+    pre_b: float
+    a2a: float  # one all-to-all (dispatch or combine, either pass) without its fixed latency
+    a2a_latency: float  # fixed cost of one all-to-all
+    count_exchange: float  # fixed cost of the forward dispatch's token-count exchange
+
+
+@dataclass
+class Timeline:
+    """Tasks on two in-order resources; ``add`` returns the task's finish time."""
+
+    free: dict[str, float] = field(default_factory=lambda: {"compute": 0.0, "comm": 0.0})
+    busy: dict[str, float] = field(default_factory=lambda: {"compute": 0.0, "comm": 0.0})
+
+    def add(self, resource: str, duration: float, *deps: float) -> float:
+        start = max([self.free[resource], *deps])
+        end = start + duration
+        self.free[resource] = end
+        self.busy[resource] += duration
+        return end
+
+    @property
+    def makespan(self) -> float:
+        return max(self.free.values())
+
+    @property
+    def serial(self) -> float:
+        return self.busy["compute"] + self.busy["comm"]
+
+
+def blend(tl: Timeline, overlap_efficiency: float) -> float:
+    """Step time between fully serial (efficiency 0) and the ideal two-stream makespan (efficiency 1)."""
+    return tl.serial - overlap_efficiency * (tl.serial - tl.makespan)
+
+
+def _forward(tl: Timeline, n: NodeTimes, after: float, chunks: int) -> float:
+    """One layer's forward; ``chunks`` > 1 pipelines dispatch c+1 | experts c | combine c-1."""
+    t = tl.add("compute", n.pre_f, after)
+    t = tl.add("comm", n.count_exchange, t)  # split sizes must be known before any chunk is sent
+    c_a2a = n.a2a / chunks + n.a2a_latency
+    disp = [0.0] * chunks
+    mlp_end: list[float] = []
+    comb_end: list[float] = []
+    disp[0] = tl.add("comm", c_a2a, t)
+    for c in range(chunks):
+        if c + 1 < chunks:
+            disp[c + 1] = tl.add("comm", c_a2a, t)
+        mlp_end.append(tl.add("compute", n.mlp_f / chunks, disp[c]))
+        comb_end.append(tl.add("comm", c_a2a, mlp_end[c]))
+    return tl.add("compute", n.post_f, *comb_end)
+
+
+def _backward(tl: Timeline, n: NodeTimes, after: float, chunks: int) -> float:
+    t = tl.add("compute", n.post_b, after)
+    c_a2a = n.a2a / chunks + n.a2a_latency
+    comb = [0.0] * chunks
+    ends: list[float] = []
+    comb[0] = tl.add("comm", c_a2a, t)
+    for c in range(chunks):
+        if c + 1 < chunks:
+            comb[c + 1] = tl.add("comm", c_a2a, t)
+        m = tl.add("compute", (n.dgrad_b + n.wgrad_b) / chunks, comb[c])
+        ends.append(tl.add("comm", c_a2a, m))
+    return tl.add("compute", n.pre_b, *ends)
+
+
+def layer_timeline(n: NodeTimes, chunks: int = 1, chunk_backward: bool = True) -> Timeline:
+    """Forward then backward of one layer for one micro-batch (schedules ``none`` and ``chunked``)."""
+    tl = Timeline()
+    t = _forward(tl, n, 0.0, chunks)
+    _backward(tl, n, t, chunks if chunk_backward else 1)
+    return tl
+
+
+def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wgrad: bool) -> Timeline:
+    """Megatron-Core's cross-micro-batch overlap (ANCHORS.md section 3) for a stack of identical layers.
+
+    Forward of micro-batch k+1 runs with backward of micro-batch k, forward layer i paired with backward
+    layer L-1-i; the first forward and the last backward run alone. Per layer pair the compute stream
+    runs b.post, f.pre, b.dgrad, [b.wgrad], f.mlp, b.pre, f.post and the comm stream b.combine,
+    f.dispatch, b.dispatch, f.combine. Without delayed wgrad the backward dispatch waits for dgrad and
+    wgrad; with it, only for dgrad, and wgrad runs beside the dispatch.
+    """
+    tl = Timeline()
+    a2a = n.a2a + n.a2a_latency
+    t = 0.0
+    for _ in range(layers):  # first forward, alone
+        t = _forward(tl, n, t, 1)
+    f_done, b_grad = t, t
+    for _ in range(micro_batches - 1):
+        for _ in range(layers):
+            b_post = tl.add("compute", n.post_b, b_grad)
+            b_comb = tl.add("comm", a2a, b_post)
+            f_pre = tl.add("compute", n.pre_f, f_done)
+            if delay_wgrad:
+                b_d = tl.add("compute", n.dgrad_b, b_comb)
+                tl.add("compute", n.wgrad_b, b_d)
+            else:
+                b_d = tl.add("compute", n.dgrad_b + n.wgrad_b, b_comb)
+            f_cnt = tl.add("comm", n.count_exchange, f_pre)
+            f_disp = tl.add("comm", a2a, f_cnt)
+            b_disp = tl.add("comm", a2a, b_d)
+            f_mlp = tl.add("compute", n.mlp_f, f_disp)
+            f_comb = tl.add("comm", a2a, f_mlp)
+            b_grad = tl.add("compute", n.pre_b, b_disp)
+            f_done = tl.add("compute", n.post_f, f_comb)
+    t = max(f_done, b_grad)
+    for _ in range(layers):  # last backward, alone
+        t = _backward(tl, n, t, 1)
+    return tl
