@@ -15,6 +15,10 @@ from moe_overlap.paths import schemas_dir
 
 # file name under schemas/ -> "module:ModelName". Add one line per schema.
 SCHEMA_MODELS: dict[str, str] = {
+    "overlap-config.schema.json": "moe_overlap.skill.config:OverlapConfig",
+    "validation-result.schema.json": "moe_overlap.skill.validate:ValidationResult",
+    "card.schema.json": "moe_overlap.skill.card_model:Card",
+    "evals.schema.json": "moe_overlap.skill.evals_model:EvalSet",
 }
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
