@@ -19,6 +19,7 @@ SCHEMA_MODELS: dict[str, str] = {
     "validation-result.schema.json": "moe_overlap.skill.validate:ValidationResult",
     "card.schema.json": "moe_overlap.skill.card_model:Card",
     "evals.schema.json": "moe_overlap.skill.evals_model:EvalSet",
+    "verification-report.schema.json": "moe_overlap.verify.report_model:VerificationReport",
 }
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

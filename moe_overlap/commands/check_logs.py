@@ -1,0 +1,45 @@
+"""`moe-overlap check-logs LOG`: confirm the effective overlap config in a training log (ours, Megatron-LM or
+Megatron-Bridge) and the absence of assertion errors, tracebacks, NCCL errors and hangs (exit 0 ok / 1 not)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moe_overlap.commands._common import EXIT_FAIL, EXIT_OK, CommandError, add_format_argument, emit
+
+_EXPECT = {"true": True, "false": False, "any": None}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("log", help="training log file ('-' reads stdin)")
+    parser.add_argument("--expect-overlap", choices=list(_EXPECT), default="true",
+                        help="value overlap_moe_expert_parallel_comm must have (default true)")
+    parser.add_argument("--expect-delay-wgrad", choices=list(_EXPECT), default="any",
+                        help="value delay_wgrad_compute must have (default: only report it)")
+    add_format_argument(parser)
+
+
+def _render(res) -> str:
+    lines = [f"log check: {'OK' if res.ok else 'FAILED'} ({res.format} log, {res.lines} lines)"]
+    for c in res.checks:
+        where = f" (line {c.line})" if c.line else ""
+        lines.append(f"  [{c.status.upper():4}] {c.id}: {c.message}{where}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    import sys
+
+    from moe_overlap.skill.logs import check_training_log
+
+    if args.log == "-":
+        text = sys.stdin.read()
+    else:
+        path = Path(args.log)
+        if not path.is_file():
+            raise CommandError(f"log file not found: {path}", field="LOG")
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    res = check_training_log(text, expect_overlap=_EXPECT[args.expect_overlap],
+                             expect_delay_wgrad=_EXPECT[args.expect_delay_wgrad])
+    emit(res, args.format, _render(res))
+    return EXIT_OK if res.ok else EXIT_FAIL

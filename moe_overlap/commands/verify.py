@@ -1,0 +1,104 @@
+"""`moe-overlap verify [CONFIG]`: A/B verification runs of the included MoE implementation, judged by the
+seed's four success criteria (exit 0 passed / 1 not passed / 2 bad input, nothing launched)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from moe_overlap.commands._common import EXIT_FAIL, EXIT_OK, CommandError, add_format_argument, emit
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", nargs="?", help="moe-overlap or Megatron-Bridge-style config (YAML/JSON); "
+                        "default: the embedded small MoE LM on 2 CPU ranks")
+    parser.add_argument("--nproc", type=int, help="ranks (default: the config's expert_model_parallel_size)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cpu: gloo ranks; cuda: NCCL, one GPU per rank")
+    parser.add_argument("--steps", type=int, help="optimizer steps per mode (first one is warm-up)")
+    parser.add_argument("--micro-batches", type=int, help="micro-batches per step (1f1b needs >= 2)")
+    parser.add_argument("--modes", help="comma list of baseline,overlap,overlap+wgrad (default: all that apply)")
+    parser.add_argument("--schedule", choices=["chunked", "1f1b"], help="the overlap schedule (default 1f1b)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit in seconds (default 600)")
+    parser.add_argument("--hang-timeout", type=float, default=60.0,
+                        help="a rank without heartbeat this long is a hang (default 60)")
+    parser.add_argument("--out", help="output folder (default: ./verify-runs/<time>-<pid>-<id>)")
+    parser.add_argument("--force", action="store_true", help="overwrite a folder that already holds a report")
+    parser.add_argument("--print-launch", choices=["torchrun", "slurm"],
+                        help="print the torchrun command or an sbatch script instead of running")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--inject-fault", help=argparse.SUPPRESS)  # test-only
+    add_format_argument(parser)
+
+
+def _options(args):
+    from pydantic import ValidationError
+
+    from moe_overlap.verify.options import VerifyOptions
+
+    try:
+        return VerifyOptions(
+            config=args.config, nproc=args.nproc, device=args.device, steps=args.steps,
+            micro_batches=args.micro_batches, schedule=args.schedule, timeout_s=args.timeout,
+            hang_timeout_s=args.hang_timeout, out=args.out, force=args.force, inject_fault=args.inject_fault,
+            modes=[m.strip() for m in args.modes.split(",") if m.strip()] if args.modes is not None else None)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        flag = "--" + field.replace("_s", "").replace("_", "-") if field else None
+        raise CommandError(f"{flag or 'option'}: {err['msg']}", field=field) from None
+
+
+def _progress_printer(quiet: bool):
+    def show(ev: dict) -> None:
+        if quiet:
+            return
+        e = ev.get("event")
+        t = f"[{ev['elapsed_s']:6.1f}s]"
+        if e == "start":
+            msg = f"verify: {ev['nproc']} rank(s), modes {', '.join(ev['modes'])} -> {ev['out']}"
+        elif e == "mode":
+            msg = f"mode {ev['mode']} (schedule {ev['schedule']})"
+        elif e == "step":
+            msg = f"  {ev['mode']} step {ev['step']}/{ev['steps']} loss {ev['loss']:.4f}"
+        elif e == "done":
+            msg = f"verdict: {ev['verdict']}"
+        else:
+            return
+        print(f"{t} {msg}", file=sys.stderr, flush=True)
+    return show
+
+
+def _text(report) -> str:
+    lines = [f"verdict: {report.verdict.upper()} - {report.summary}"]
+    for c in report.criteria:
+        lines.append(f"  [{c.status.upper():7}] {c.title}: {c.summary}")
+    if report.failure is not None:
+        lines.append(f"  failure: {report.failure.message}")
+        if report.failure.traceback:
+            lines.append("  " + report.failure.traceback.strip().splitlines()[-1])
+    lines.append(f"report: {report.files.get('report.md')}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from moe_overlap.verify.api import run_verification
+    from moe_overlap.verify.plan import VerifyInputError, make_plan
+
+    options = _options(args)
+    try:
+        if args.print_launch:
+            from moe_overlap.verify.launch_print import slurm_script, torchrun_command, write_config
+
+            plan = make_plan(options, local=False)
+            config_path = write_config(plan)
+            print(torchrun_command(plan, config_path=config_path) if args.print_launch == "torchrun"
+                  else slurm_script(plan))
+            return EXIT_OK
+        report = run_verification(options, progress=_progress_printer(args.quiet or args.format == "json"))
+    except VerifyInputError as exc:
+        raise CommandError(exc.message, field=exc.field, fix=exc.fix) from None
+    emit(report, args.format, _text(report))
+    if report.verdict == "cancelled" and report.failure and "Ctrl-C" in report.failure.message:
+        return 130
+    return EXIT_OK if report.verdict == "passed" else EXIT_FAIL

@@ -1,0 +1,171 @@
+"""run_verification: plan, validate, launch the ranks, judge, write the report (torch-free in this process).
+
+    report = run_verification(VerifyOptions(), progress=print, cancel=threading.Event())
+
+`progress(dict)` receives {"event": "start"|"mode"|"step"|"done", "mode", "step", "steps", "elapsed_s", ...};
+the CLI prints it on stderr, the MCP server forwards it. Setting `cancel` kills every rank; the report is
+still written (verdict `cancelled`). Bad input raises VerifyInputError before anything is launched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from moe_overlap.verify.judge import (
+    criterion_completion,
+    criterion_loss,
+    criterion_throughput,
+    criterion_validation,
+    verdict,
+)
+from moe_overlap.verify.launcher import launch
+from moe_overlap.verify.options import VerifyOptions
+from moe_overlap.verify.plan import Plan, VerifyInputError, make_plan, validate_modes
+from moe_overlap.verify.records import mode_log_path
+from moe_overlap.verify.report import write_outputs
+from moe_overlap.verify.report_model import (
+    ModeRun,
+    RankFailure,
+    RunEnvironment,
+    StepRecord,
+    VerificationReport,
+)
+
+__all__ = ["run_verification", "VerifyInputError", "VerifyOptions"]
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+def _torch_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _runs(plan: Plan, records: dict[int, list[dict[str, Any]]]) -> list[ModeRun]:
+    steps: dict[str, list[StepRecord]] = {s.name: [] for s in plan.specs}
+    notes: dict[str, list[str]] = {s.name: [] for s in plan.specs}
+    started: set[str] = set()
+    for rec in records.get(0, []):
+        if rec.get("kind") == "mode_start":
+            started.add(rec["mode"])
+        elif rec.get("kind") == "step":
+            steps[rec["mode"]].append(StepRecord(**{k: rec[k] for k in StepRecord.model_fields}))
+        elif rec.get("kind") == "mode_end":
+            notes[rec["mode"]] = list(rec.get("notes") or [])
+    runs = []
+    for s in plan.specs:
+        done = len(steps[s.name]) >= plan.cfg.steps
+        status = "completed" if done else "incomplete" if s.name in started else "not-run"
+        logs = [str(mode_log_path(plan.out, s.name, r)) for r in range(plan.nproc)
+                if mode_log_path(plan.out, s.name, r).exists()]
+        runs.append(ModeRun(mode=s.name, schedule=s.schedule, overlap_moe_expert_parallel_comm=s.overlap,
+                            delay_wgrad_compute=s.delay_wgrad, status=status, steps=steps[s.name],
+                            notes=notes[s.name], log_files=logs))
+    return runs
+
+
+def _log_checks(plan: Plan, runs: list[ModeRun]) -> dict[str, Any]:
+    """The seed's log checks on every rank's log of every mode that ran."""
+    from moe_overlap.skill.logs import check_training_log
+
+    out: dict[str, Any] = {}
+    for run, spec in zip(runs, plan.specs, strict=True):
+        problems, confirmed = [], []
+        for path in run.log_files:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                res = check_training_log(f.read(), expect_overlap=spec.overlap, expect_delay_wgrad=spec.delay_wgrad)
+            problems += [f"{os.path.basename(path)}: {c.message}" for c in res.checks if c.status == "fail"]
+            confirmed.append(res.ok)
+        out[run.mode] = {"files": len(run.log_files), "all_ok": all(confirmed) and bool(confirmed),
+                         "problems": problems[:10]}
+    return out
+
+
+def run_verification(options: VerifyOptions, progress: Progress | None = None,
+                     cancel: threading.Event | None = None) -> VerificationReport:
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    t0 = time.monotonic()
+    plan = make_plan(options)  # raises VerifyInputError: nothing launched yet
+    plan.out.mkdir(parents=True, exist_ok=True)
+    config_path = plan.out / "config.json"
+    config_path.write_text(plan.cfg.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    validation = validate_modes(plan)
+
+    def emit(event: dict[str, Any]) -> None:
+        if progress is not None:
+            progress({**event, "elapsed_s": round(time.monotonic() - t0, 2)})
+
+    def on_record(rank: int, rec: dict[str, Any]) -> None:
+        if rank != 0:
+            return
+        if rec["kind"] == "mode_start":
+            emit({"event": "mode", "mode": rec["mode"], "schedule": rec.get("schedule")})
+        elif rec["kind"] == "step":
+            emit({"event": "step", "mode": rec["mode"], "step": rec["step"] + 1, "steps": plan.cfg.steps,
+                  "loss": rec["loss"]})
+
+    emit({"event": "start", "modes": [s.name for s in plan.specs], "nproc": plan.nproc, "out": str(plan.out)})
+    result = launch(nproc=plan.nproc, device=plan.device, config_path=config_path,
+                    modes_arg=json.dumps([s.to_dict() for s in plan.specs]), out=plan.out,
+                    timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
+                    inject_fault=options.inject_fault, on_record=on_record, cancel=cancel)
+    runs = _runs(plan, result.records)
+    log_checks = _log_checks(plan, runs)
+    launch_ev = {"status": result.status, "message": result.message, "returncodes": result.returncodes,
+                 "elapsed_s": round(result.elapsed_s, 2)}
+    throughput_binding = plan.device == "cuda"
+    criteria = [criterion_validation(validation), criterion_completion(launch_ev, runs, plan.cfg.steps, log_checks),
+                criterion_throughput(runs, throughput_binding), criterion_loss(runs, plan.cfg.precision)]
+    v = verdict(result.status, criteria)
+    notes = list(plan.notes)
+    if not throughput_binding:
+        notes.append("throughput is measured but not binding on --device cpu: gloo on shared CPU cores is not the "
+                     "target workload; run with --device cuda for a binding throughput criterion")
+    failure = None
+    if result.status != "completed":
+        failure = RankFailure(rank=result.failed_rank, kind=result.status, message=result.message,
+                              traceback=result.traceback, stacks=result.stacks)
+    torch_version = next((rec.get("torch") for rec in result.records.get(0, []) if rec.get("kind") == "init"),
+                         None) or _torch_version()
+    failed = [c.id for c in criteria if c.status == "fail"]
+    summary = {"passed": "all success criteria met", "failed": "criteria failed: " + ", ".join(failed)}.get(
+        v, f"{v}: {result.message}")
+    report = VerificationReport(
+        verdict=v, summary=summary, started_at=started_at, elapsed_s=round(time.monotonic() - t0, 2),
+        command=options_command(options), config_source=plan.config_source, config=plan.cfg.model_dump(),
+        mapping_notes=plan.mapping_notes, modes=[s.name for s in plan.specs], criteria=criteria, runs=runs,
+        failure=failure, out_dir=str(plan.out), notes=notes,
+        environment=RunEnvironment(device=plan.device, backend="nccl" if plan.device == "cuda" else "gloo",
+                                   nproc=plan.nproc, python=sys.version.split()[0], torch=torch_version,
+                                   platform=platform.platform(), hostname=socket.gethostname()))
+    report = write_outputs(report, plan.out)
+    emit({"event": "done", "verdict": report.verdict, "out": str(plan.out)})
+    return report
+
+
+def options_command(options: VerifyOptions) -> str:
+    """The `moe-overlap verify` command line equivalent to `options` (for the report)."""
+    parts = ["moe-overlap", "verify"]
+    if options.config is not None and not isinstance(options.config, dict):
+        parts.append(str(options.config))
+    for flag, value in (("--nproc", options.nproc), ("--steps", options.steps),
+                        ("--micro-batches", options.micro_batches), ("--schedule", options.schedule)):
+        if value is not None:
+            parts += [flag, str(value)]
+    if options.device != "cpu":
+        parts += ["--device", options.device]
+    if options.modes:
+        parts += ["--modes", ",".join(options.modes)]
+    return " ".join(parts)

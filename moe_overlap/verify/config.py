@@ -1,0 +1,235 @@
+"""VerifyConfig: the run configuration of a verification ("moe-overlap" format), and the mapping
+from a Megatron-Bridge-style / Megatron-LM config onto it (torch-free).
+
+Field names are Megatron's where one exists. A Megatron config describes a production model
+(e.g. hidden 2048, 128 experts on 16 GPUs); the included implementation verifies the *overlap
+machinery* for that config's structural choices (EP size, experts, top-k, dispatcher, precision,
+overlap flags) on a small model. What cannot be mapped is listed in ``notes``, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+FORMAT = "moe-overlap"
+
+
+class VerifyConfigError(ValueError):
+    """Bad verification config: names the field and the fix (exit 2, never a traceback)."""
+
+    def __init__(self, message: str, *, field: str | None = None, fix: str | None = None):
+        super().__init__(message)
+        self.message, self.field, self.fix = message, field, fix
+
+
+class VerifyConfig(BaseModel):
+    """One verification run (every mode shares it; the modes differ only in schedule and wgrad)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["moe-overlap"] = FORMAT
+    # model (the embedded small MoE LM; byte-level tokens)
+    hidden_size: int = Field(64, ge=8, le=4096)
+    moe_ffn_hidden_size: int = Field(64, ge=4, le=16384)
+    num_moe_experts: int = Field(4, ge=1, le=1024)
+    moe_router_topk: int = Field(2, ge=1)
+    num_layers: int = Field(2, ge=1, le=64)
+    num_attention_heads: int = Field(4, ge=1)
+    vocab_size: int = Field(256, ge=256, le=256, description="byte-level tokens")
+    seq_length: int = Field(64, ge=2, le=8192)
+    # parallelism / numerics
+    expert_model_parallel_size: int = Field(2, ge=1, le=1024)
+    moe_token_dispatcher_type: Literal["alltoall"] = "alltoall"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # the overlap under test
+    overlap_moe_expert_parallel_comm: bool = True
+    delay_wgrad_compute: bool = True
+    schedule: Literal["none", "chunked", "1f1b"] = "1f1b"
+    chunks: int = Field(2, ge=1, le=64, description="token chunks of the chunked schedule")
+    # training
+    micro_batches: int = Field(4, ge=1, le=256)
+    micro_batch_size: int = Field(2, ge=1, le=1024)
+    steps: int = Field(16, ge=2, le=100000, description="optimizer steps per mode (the first is warm-up)")
+    lr: float = Field(3e-3, gt=0, le=1.0)
+    seed: int = Field(1234, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VerifyConfig:
+        if self.moe_router_topk > self.num_moe_experts:
+            raise ValueError(f"moe_router_topk={self.moe_router_topk} exceeds num_moe_experts={self.num_moe_experts}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
+                             f"num_attention_heads={self.num_attention_heads}")
+        if self.num_moe_experts % self.expert_model_parallel_size:
+            raise ValueError(f"num_moe_experts={self.num_moe_experts} is not divisible by "
+                             f"expert_model_parallel_size={self.expert_model_parallel_size}")
+        return self
+
+    def megatron_view(self) -> dict[str, Any]:
+        """The overlap-relevant part as a Megatron-Bridge-style config (what the validator reads)."""
+        return {
+            "model": {
+                "expert_model_parallel_size": self.expert_model_parallel_size,
+                "num_moe_experts": self.num_moe_experts,
+                "moe_router_topk": self.moe_router_topk,
+                "moe_token_dispatcher_type": self.moe_token_dispatcher_type,
+                "bf16": self.precision == "bf16",
+                "fp16": self.precision == "fp16",
+            },
+            "comm_overlap": {
+                "overlap_moe_expert_parallel_comm": self.overlap_moe_expert_parallel_comm,
+                "delay_wgrad_compute": self.delay_wgrad_compute,
+            },
+            "train": {"micro_batch_size": self.micro_batch_size,
+                      "global_batch_size": self.micro_batch_size * self.micro_batches
+                      * self.expert_model_parallel_size},
+        }
+
+
+# Megatron fields read structurally; everything else in a Megatron config is reported as not mapped.
+_MAPPED = ("expert_model_parallel_size", "num_moe_experts", "moe_router_topk", "overlap_moe_expert_parallel_comm",
+           "delay_wgrad_compute", "bf16", "fp16", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend")
+_KEPT_SMALL = ("hidden_size", "moe_ffn_hidden_size", "ffn_hidden_size", "num_layers", "num_attention_heads",
+               "seq_length", "vocab_size", "micro_batch_size", "global_batch_size", "train_iters")
+_NOT_MODELLED = {
+    "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
+    "virtual_pipeline_model_parallel_size": None, "recompute_granularity": None, "recompute_method": None,
+    "recompute_modules": None, "moe_shared_expert_intermediate_size": None, "moe_shared_expert_overlap": False,
+    "mtp_num_layers": None, "cuda_graph_impl": None, "cuda_graph_scope": None, "sequence_parallel": False,
+    "overlap_grad_reduce": False, "gradient_accumulation_fusion": False,
+}
+
+
+def _flatten(source: dict[str, Any]) -> dict[str, Any]:
+    """Bridge sections to one flat dict; `comm_overlap` values override the model's (as Bridge does)."""
+    flat: dict[str, Any] = {}
+    for section in ("model", "train", "ddp", "mixed_precision", "dataset"):
+        part = source.get(section)
+        if isinstance(part, dict):
+            flat.update(part)
+        elif section == "mixed_precision" and isinstance(part, str):
+            flat["bf16"] = "bf16" in part
+            flat["fp16"] = "fp16" in part
+    flat.update({k: v for k, v in source.items() if not isinstance(v, dict)})
+    if isinstance(source.get("comm_overlap"), dict):
+        flat.update({k: v for k, v in source["comm_overlap"].items() if v is not None})
+    return flat
+
+
+def _try_skill_parse(source: dict[str, Any]) -> dict[str, Any] | None:
+    """Read through the validator's parser (Bridge precedence: comm_overlap overrides model) when present."""
+    try:
+        from moe_overlap.skill.config import ConfigError, effective_values, parse_config
+    except ImportError:
+        return None
+    try:
+        parsed = parse_config(source)
+    except ConfigError as exc:
+        raise VerifyConfigError(f"invalid config: {exc}", field=getattr(exc, "field", None),
+                                fix=getattr(exc, "fix", None)) from None
+    flat = _flatten({k: v for k, v in parsed.model_dump(mode="json").items() if isinstance(v, dict)})
+    values, _paths = effective_values(parsed)
+    flat.update(values)
+    return flat
+
+
+def map_megatron(source: dict[str, Any], flat: dict[str, Any] | None = None) -> tuple[VerifyConfig, list[str]]:
+    """Map a Megatron-Bridge-style (sections) or flat Megatron config onto a VerifyConfig + notes."""
+    flat = dict(flat if flat is not None else _flatten(source))
+    notes: list[str] = []
+    values: dict[str, Any] = {}
+    ep = flat.get("expert_model_parallel_size")
+    if ep is not None:
+        values["expert_model_parallel_size"] = int(ep)
+    for key in ("num_moe_experts", "moe_router_topk"):
+        if flat.get(key) is not None:
+            values[key] = int(flat[key])
+    for key in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"):
+        if flat.get(key) is not None:
+            values[key] = bool(flat[key])
+    values["precision"] = "bf16" if flat.get("bf16") else "fp16" if flat.get("fp16") else "fp32"
+    if values["precision"] == "fp32":
+        notes.append("precision: neither bf16 nor fp16 is set, the run uses fp32")
+    dispatcher = flat.get("moe_token_dispatcher_type") or "alltoall"
+    if dispatcher != "alltoall":
+        notes.append(f"moe_token_dispatcher_type={dispatcher!r}: the included implementation has only the all-to-all "
+                     "dispatcher; the run uses it (the validator still checks the dispatcher rules as given)")
+    if flat.get("moe_flex_dispatcher_backend"):
+        notes.append(f"moe_flex_dispatcher_backend={flat['moe_flex_dispatcher_backend']!r}: DeepEP/HybridEP kernels are "
+                     "not part of this package; not mapped")
+    if values.get("delay_wgrad_compute") and not values.get("overlap_moe_expert_parallel_comm", True):
+        notes.append("delay_wgrad_compute without overlap_moe_expert_parallel_comm is invalid upstream; the "
+                     "overlap+wgrad mode still runs with the overlap on")
+    kept = [f"{k}={flat[k]}" for k in _KEPT_SMALL if flat.get(k) is not None]
+    if kept:
+        notes.append("model size kept at the small verification model (the run checks the overlap machinery, "
+                     "not the production model): not mapped " + ", ".join(kept))
+    for key, neutral in _NOT_MODELLED.items():
+        if key in flat and flat[key] not in (neutral, None, False, 0, [], "", "none"):
+            notes.append(f"{key}={flat[key]!r} is not modelled by the included implementation (checked by the "
+                         "validator only)")
+    experts = values.get("num_moe_experts", 4)
+    values.setdefault("num_moe_experts", experts)
+    values["moe_router_topk"] = min(values.get("moe_router_topk", 2), experts)
+    values.setdefault("expert_model_parallel_size", 1 if experts < 2 else 2)
+    try:
+        return VerifyConfig(**values), notes
+    except ValidationError as exc:
+        raise _as_error(exc) from None
+
+
+def _as_error(exc: ValidationError) -> VerifyConfigError:
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err.get("loc", ())) or None
+    return VerifyConfigError(f"invalid config: {field + ': ' if field else ''}{err['msg']}", field=field,
+                             fix="see `moe-overlap verify --help` and docs for the moe-overlap config format")
+
+
+def read_source(source: str | Path | dict[str, Any]) -> dict[str, Any]:
+    """A YAML/JSON file or a dict; clear errors for unreadable input."""
+    if isinstance(source, dict):
+        return source
+    path = Path(source)
+    if not path.is_file():
+        raise VerifyConfigError(f"config file not found: {path}", field="CONFIG", fix="give an existing YAML/JSON file")
+    try:
+        from moe_overlap.skill.config_load import ConfigError, read_file
+    except ImportError:
+        read_file = None
+    if read_file is not None:  # the validator's reader: line/column, duplicate keys, size, binary input
+        try:
+            return read_file(path)
+        except ConfigError as exc:
+            raise VerifyConfigError(f"{path}: {exc}", field=exc.field or "CONFIG", fix=exc.fix) from None
+    if path.stat().st_size > 1_000_000:
+        raise VerifyConfigError(f"config file over 1 MB: {path}", field="CONFIG")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise VerifyConfigError(f"cannot parse {path}: {exc}", field="CONFIG",
+                                fix="the config must be a YAML or JSON mapping") from None
+    if not isinstance(data, dict):
+        raise VerifyConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}", field="CONFIG")
+    return data
+
+
+def load_verify_config(source: str | Path | dict[str, Any] | None) -> tuple[VerifyConfig, list[str], str]:
+    """(config, mapping notes, kind) where kind is 'default', 'moe-overlap' or 'megatron'."""
+    if source is None:
+        return VerifyConfig(), [], "default"
+    data = read_source(source)
+    # Ours: marked with `format: moe-overlap`, or a flat mapping of VerifyConfig fields only.
+    if data.get("format") == FORMAT or (data and set(data) <= set(VerifyConfig.model_fields)):
+        try:
+            return VerifyConfig(**data), [], "moe-overlap"
+        except ValidationError as exc:
+            raise _as_error(exc) from None
+    flat = _try_skill_parse(data)
+    cfg, notes = map_megatron(data, flat)
+    return cfg, notes, "megatron"

@@ -1,0 +1,142 @@
+"""The verdict, by the seed's four success criteria, each with its evidence (torch-free).
+
+  1 config-validation  the validator accepts the dispatcher and overlap parameters
+  2 completes-cleanly  every rank finished every step: no hang, no crash, no assertion error in any log
+  3 throughput         tokens/s of each overlap mode over the baseline, with a noise band measured from the
+                       repeated steps; `regressed` only when the ratio falls below the band
+  4 loss-trajectory    per-step max absolute / relative difference to the baseline, and whether it is bitwise equal
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from moe_overlap.verify.report_model import Criterion, ModeRun
+
+# Relative loss tolerance per precision. fp32 schedules reorder nothing that matters at this size, so any
+# difference beyond rounding noise is a bug; bf16/fp16 round every GEMM output, and a different chunking
+# or accumulation order shows up after a few optimizer steps.
+LOSS_RTOL = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 3e-2}
+MIN_BAND = 0.01  # a ratio within 1% is never called a change, whatever the measured noise
+WARMUP_STEPS = 1
+
+
+def _robust_cv(xs: list[float]) -> float:
+    """Coefficient of variation from the median absolute deviation (step times have heavy tails)."""
+    med = statistics.median(xs)
+    mad = statistics.median(abs(x - med) for x in xs)
+    return 1.4826 * mad / med if med > 0 else 0.0
+
+
+def throughput_comparison(base: ModeRun, other: ModeRun) -> dict[str, Any]:
+    """Median tokens/s ratio other/baseline and its noise band (2 standard errors of the ratio)."""
+    b = [s.step_time_s for s in base.steps[WARMUP_STEPS:]]
+    o = [s.step_time_s for s in other.steps[WARMUP_STEPS:]]
+    if len(b) < 2 or len(o) < 2:
+        return {"mode": other.mode, "status": "insufficient-data", "steps_baseline": len(b), "steps_mode": len(o)}
+    ratio = statistics.median(b) / statistics.median(o)  # tokens/s ratio = inverse step-time ratio
+    band = max(MIN_BAND, 2.0 * math.sqrt(_robust_cv(b) ** 2 / len(b) + _robust_cv(o) ** 2 / len(o)))
+    status = "improved" if ratio > 1 + band else "regressed" if ratio < 1 - band else "neutral"
+    return {"mode": other.mode, "status": status, "ratio": round(ratio, 4), "noise_band": round(band, 4),
+            "baseline_median_step_s": statistics.median(b), "mode_median_step_s": statistics.median(o),
+            "baseline_tokens_per_s": round(statistics.median(s.tokens_per_s for s in base.steps[WARMUP_STEPS:]), 1),
+            "mode_tokens_per_s": round(statistics.median(s.tokens_per_s for s in other.steps[WARMUP_STEPS:]), 1),
+            "steps_compared": min(len(b), len(o)), "warmup_steps_excluded": WARMUP_STEPS}
+
+
+def loss_comparison(base: ModeRun, other: ModeRun, rtol: float) -> dict[str, Any]:
+    n = min(len(base.steps), len(other.steps))
+    abs_d = [abs(base.steps[i].loss - other.steps[i].loss) for i in range(n)]
+    rel_d = [a / max(abs(base.steps[i].loss), 1e-12) for i, a in enumerate(abs_d)]
+    bitwise = n > 0 and all(base.steps[i].loss_hex == other.steps[i].loss_hex for i in range(n))
+    first_bad = next((i for i, r in enumerate(rel_d) if r > rtol), None)
+    return {"mode": other.mode, "steps_compared": n, "max_abs_diff": max(abs_d, default=0.0),
+            "max_rel_diff": max(rel_d, default=0.0), "rtol": rtol, "bitwise_equal": bitwise,
+            "first_step_over_tolerance": first_bad, "within_tolerance": n > 0 and first_bad is None,
+            "per_step_abs_diff": abs_d}
+
+
+def criterion_validation(validation: dict[str, Any]) -> Criterion:
+    title = "config validation passes for the selected dispatcher and overlap parameters"
+    if not validation.get("available"):
+        return Criterion(id="config-validation", title=title, status="skipped", binding=True,
+                         summary=validation.get("reason", "validator not available"), evidence=validation)
+    ok = all(r.get("valid") for r in validation.get("results", {}).values())
+    errors = [f"{m}: {f['rule']}" for m, r in validation.get("results", {}).items() for f in r.get("findings", [])
+              if f.get("severity") == "error" and not f.get("waived")]
+    summary = "valid" if ok else "invalid: " + ", ".join(errors)
+    waived = validation.get("waived") or []
+    if ok and waived:
+        summary += f" ({len(waived)} rule(s) waived for the included implementation, see evidence)"
+    return Criterion(id="config-validation", title=title, status="pass" if ok else "fail", binding=True,
+                     summary=summary, evidence=validation)
+
+
+def criterion_completion(launch: dict[str, Any], runs: list[ModeRun], steps: int,
+                         log_checks: dict[str, Any]) -> Criterion:
+    title = "training completes with no hang and no assertion failure"
+    incomplete = [r.mode for r in runs if len(r.steps) < steps]
+    log_problems = {m: c.get("problems") for m, c in log_checks.items() if c.get("problems")}
+    ok = launch["status"] == "completed" and not incomplete and not log_problems
+    if launch["status"] != "completed":
+        summary = f"{launch['status']}: {launch.get('message', '')}".strip()
+    elif incomplete:
+        summary = "modes stopped early: " + ", ".join(incomplete)
+    elif log_problems:
+        summary = "errors in training logs: " + ", ".join(log_problems)
+    else:
+        summary = f"all {len(runs)} mode(s) ran {steps} steps on every rank; logs clean"
+    return Criterion(id="completes-cleanly", title=title, status="pass" if ok else "fail", binding=True,
+                     summary=summary, evidence={"launch": launch, "steps_per_mode": {r.mode: len(r.steps) for r in runs},
+                                                "log_checks": log_checks})
+
+
+def criterion_throughput(runs: list[ModeRun], binding: bool) -> Criterion:
+    title = "throughput improves or at least does not regress (outside the noise band)"
+    base = next((r for r in runs if r.mode == "baseline"), None)
+    others = [r for r in runs if r.mode != "baseline"]
+    if base is None or not others:
+        return Criterion(id="throughput", title=title, status="skipped", binding=binding,
+                         summary="needs the baseline and at least one overlap mode")
+    comps = [throughput_comparison(base, o) for o in others]
+    if any(c["status"] == "insufficient-data" for c in comps):
+        status, summary = "skipped", "not enough completed steps to measure throughput"
+    else:
+        regressed = [c for c in comps if c["status"] == "regressed"]
+        status = ("fail" if binding else "warn") if regressed else "pass"
+        summary = "; ".join(f"{c['mode']}: x{c['ratio']:.3f} tokens/s (noise band ±{c['noise_band']:.1%}, "
+                            f"{c['status']})" for c in comps)
+        if regressed and not binding:
+            summary += " [not binding on this device: see notes]"
+    return Criterion(id="throughput", title=title, status=status, binding=binding, summary=summary,
+                     evidence={"comparisons": comps})
+
+
+def criterion_loss(runs: list[ModeRun], precision: str) -> Criterion:
+    title = "loss trajectory matches the baseline"
+    base = next((r for r in runs if r.mode == "baseline"), None)
+    others = [r for r in runs if r.mode != "baseline"]
+    if base is None or not others:
+        return Criterion(id="loss-trajectory", title=title, status="skipped", binding=True,
+                         summary="needs the baseline and at least one overlap mode")
+    rtol = LOSS_RTOL[precision]
+    comps = [loss_comparison(base, o, rtol) for o in others]
+    if any(c["steps_compared"] == 0 for c in comps):
+        return Criterion(id="loss-trajectory", title=title, status="skipped", binding=True,
+                         summary="a mode recorded no step", evidence={"comparisons": comps})
+    ok = all(c["within_tolerance"] for c in comps)
+    summary = "; ".join(f"{c['mode']}: " + ("bitwise equal" if c["bitwise_equal"] else
+                        f"max rel diff {c['max_rel_diff']:.2e} (rtol {rtol:g})") +
+                        ("" if c["within_tolerance"] else f", over tolerance from step {c['first_step_over_tolerance']}")
+                        for c in comps)
+    fell = {"first": base.steps[0].loss, "last": base.steps[-1].loss}
+    return Criterion(id="loss-trajectory", title=title, status="pass" if ok else "fail", binding=True,
+                     summary=summary, evidence={"comparisons": comps, "baseline_loss": fell})
+
+
+def verdict(launch_status: str, criteria: list[Criterion]) -> str:
+    if launch_status != "completed":
+        return launch_status
+    return "failed" if any(c.status == "fail" and c.binding for c in criteria) else "passed"

@@ -1,0 +1,62 @@
+"""`moe-overlap verify --print-launch torchrun|slurm`: the command that runs the same verification on a
+cluster, instead of running it here (torch-free).
+
+The worker reads the standard torch.distributed environment, so torchrun (or Slurm + torchrun) starts it
+unchanged across nodes. Every rank writes its records and logs under the shared --out folder; ``moe-overlap
+verify`` itself is what judges a local run (on a cluster, read the per-rank logs with check-logs).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from moe_overlap.verify.plan import Plan
+
+
+def _worker_args(plan: Plan, config_path: str) -> list[str]:
+    modes = json.dumps([s.to_dict() for s in plan.specs], separators=(",", ":"))
+    return ["-m", "moe_overlap.verify.worker", "--config", config_path, "--modes", modes,
+            "--out", str(plan.out), "--device", plan.device]
+
+
+def torchrun_command(plan: Plan, *, nnodes: int = 1, nproc_per_node: int | None = None,
+                     config_path: str | None = None) -> str:
+    config_path = config_path or str(plan.out / "config.json")
+    per_node = nproc_per_node or plan.nproc
+    head = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(per_node)]
+    if nnodes > 1:
+        head += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "$MASTER_ADDR:29500", "--rdzv-id", "moe-overlap-verify"]
+    parts = [shlex.quote(p) if not p.startswith("$") else p for p in head + _worker_args(plan, config_path)]
+    return " ".join(parts)
+
+
+def slurm_script(plan: Plan, *, gpus_per_node: int = 8) -> str:
+    nodes = max(1, -(-plan.nproc // gpus_per_node))
+    per_node = min(plan.nproc, gpus_per_node)
+    cmd = torchrun_command(plan, nnodes=nodes, nproc_per_node=per_node)
+    return "\n".join([
+        "#!/bin/bash",
+        "#SBATCH --job-name=moe-overlap-verify",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={per_node}" if plan.device == "cuda" else f"#SBATCH --cpus-per-task={per_node}",
+        "#SBATCH --time=00:30:00",
+        "set -euo pipefail",
+        "# The rendezvous host is the first node of the allocation.",
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export CUDA_DEVICE_MAX_CONNECTIONS=32  # the overlap needs >1 hardware queue (ANCHORS §1)",
+        f"mkdir -p {shlex.quote(str(plan.out))}",
+        "# config.json is the effective VerifyConfig; write it once with:",
+        f"#   moe-overlap verify --nproc {plan.nproc} --print-launch torchrun --out {shlex.quote(str(plan.out))}",
+        f"srun --ntasks-per-node=1 {cmd}",
+        "",
+    ])
+
+
+def write_config(plan: Plan) -> str:
+    """Write config.json where the printed command expects it; returns its path."""
+    plan.out.mkdir(parents=True, exist_ok=True)
+    path = plan.out / "config.json"
+    path.write_text(plan.cfg.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return str(path)

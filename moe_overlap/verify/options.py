@@ -1,0 +1,59 @@
+"""VerifyOptions: how to run a verification (what `moe-overlap verify` flags and the MCP tool fill in).
+
+The config (:mod:`moe_overlap.verify.config`) says *what* model and overlap to verify; the options say
+*how* to run it here: ranks, device, modes, limits, output folder. Options given explicitly override the
+config's steps / micro-batches / schedule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MODES = ("baseline", "overlap", "overlap+wgrad")
+
+
+class VerifyOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    config: str | Path | dict[str, Any] | None = Field(
+        None, description="moe-overlap or Megatron-Bridge-style config (path or dict); None: the embedded default")
+    nproc: int | None = Field(None, ge=1, description="ranks; default: the config's expert_model_parallel_size")
+    device: Literal["cpu", "cuda"] = "cpu"
+    steps: int | None = Field(None, ge=2, description="optimizer steps per mode (overrides the config)")
+    micro_batches: int | None = Field(None, ge=1)
+    modes: list[str] | None = Field(None, description="subset of baseline, overlap, overlap+wgrad; default all "
+                                                      "that apply to the schedule")
+    schedule: Literal["chunked", "1f1b"] | None = Field(None, description="the overlap schedule; default 1f1b when "
+                                                                          "the package has it, else chunked")
+    timeout_s: float = Field(600.0, gt=0, description="wall-clock limit of the whole run")
+    hang_timeout_s: float = Field(60.0, gt=0, description="a rank silent this long is a hang")
+    out: str | Path | None = Field(None, description="output folder; default: a new folder under ./verify-runs")
+    force: bool = Field(False, description="overwrite a folder that already holds a report")
+    # Test-only fault injection (hidden from the CLI help): perturb:MODE, crash:RANK:MODE:STEP, hang:RANK:MODE:STEP.
+    inject_fault: str | None = None
+
+    @field_validator("modes")
+    @classmethod
+    def _known_modes(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        bad = [m for m in v if m not in MODES]
+        if bad:
+            raise ValueError(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+        if not v:
+            raise ValueError("modes is empty")
+        return [m for m in MODES if m in v]  # canonical order, no duplicates
+
+    @field_validator("inject_fault")
+    @classmethod
+    def _fault_form(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        kind, *rest = v.split(":")
+        ok = (kind == "perturb" and len(rest) == 1) or (kind in ("crash", "hang") and len(rest) == 3)
+        if not ok:
+            raise ValueError("inject_fault must be perturb:MODE, crash:RANK:MODE:STEP or hang:RANK:MODE:STEP")
+        return v

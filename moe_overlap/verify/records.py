@@ -1,0 +1,88 @@
+"""The record stream between a rank and the launcher: JSON lines in ``<out>/ranks/rank<R>.jsonl`` (torch-free).
+
+A file, not a pipe: it survives the rank (the report is written from it after a crash or a kill), it
+works unchanged under torchrun or Slurm, and a reader that only sees whole lines never blocks a rank.
+Every record is a heartbeat; kinds: hello, init, mode_start, step, mode_end, error, done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def rank_dir(out: Path) -> Path:
+    return Path(out) / "ranks"
+
+
+def records_path(out: Path, rank: int) -> Path:
+    return rank_dir(out) / f"rank{rank}.jsonl"
+
+
+def stacks_path(out: Path, rank: int) -> Path:
+    return rank_dir(out) / f"rank{rank}.stacks"
+
+
+def output_path(out: Path, rank: int) -> Path:
+    """stdout + stderr of the rank process."""
+    return rank_dir(out) / f"rank{rank}.out"
+
+
+def mode_log_path(out: Path, mode: str, rank: int) -> Path:
+    """The rank's training log of one mode (effective config dump + step lines): what check-logs reads."""
+    return Path(out) / "logs" / mode / f"rank{rank}.log"
+
+
+class RecordWriter:
+    """Append-only JSON-lines writer; each record flushed at once (it is the rank's heartbeat)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the rank
+
+    def emit(self, kind: str, **data: Any) -> None:
+        rec = {"kind": kind, "t": time.time(), "pid": os.getpid(), **data}
+        self._f.write(json.dumps(rec, default=str) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+@dataclass
+class RecordTail:
+    """Incremental reader: returns only complete new lines; remembers when data last arrived."""
+
+    path: Path
+    offset: int = 0
+    last_seen: float = field(default_factory=time.monotonic)
+    _partial: bytes = b""
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        if not chunk:
+            return []
+        self.offset += len(chunk)
+        self.last_seen = time.monotonic()
+        data = self._partial + chunk
+        *lines, self._partial = data.split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn line can only come from a killed rank; nothing to recover in it
+        return out
+
+
+def read_all(path: Path) -> list[dict[str, Any]]:
+    return RecordTail(path).poll() if path.exists() else []

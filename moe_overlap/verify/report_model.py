@@ -1,0 +1,103 @@
+"""The verification report: pydantic models (torch-free).
+
+``schemas/verification-report.schema.json`` is generated from :class:`VerificationReport`
+(``python tools/gen_schemas.py``); every report the tests produce is validated against it.
+
+Verdicts:
+  passed     every binding criterion passed
+  failed     a run completed but a criterion failed (invalid config, loss mismatch, throughput regression)
+  crashed    a rank raised or exited non-zero (its traceback is in ``failure``)
+  hang       a rank sent no heartbeat for ``hang_timeout_s`` (stacks of all ranks in ``failure``)
+  timeout    the whole run exceeded ``timeout_s``
+  cancelled  cancelled by the caller (threading.Event) or Ctrl-C
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Verdict = Literal["passed", "failed", "crashed", "hang", "timeout", "cancelled"]
+CriterionStatus = Literal["pass", "fail", "warn", "skipped"]
+CRITERIA_IDS = ("config-validation", "completes-cleanly", "throughput", "loss-trajectory")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StepRecord(_Model):
+    """One optimizer step of one mode, as rank 0 recorded it (times are the max over ranks)."""
+
+    step: int = Field(ge=0)
+    loss: float = Field(description="mean loss over micro-batches and ranks")
+    loss_hex: str = Field(description="float.hex() of the loss, for the bitwise comparison")
+    step_time_s: float = Field(ge=0)
+    tokens_per_s: float = Field(ge=0)
+    peak_memory_bytes: int = Field(ge=0, description="CUDA: max allocated; CPU: peak RSS of rank 0")
+
+
+class ModeRun(_Model):
+    """What one mode (baseline, overlap, overlap+wgrad) did."""
+
+    mode: str
+    schedule: Literal["none", "chunked", "1f1b"]
+    overlap_moe_expert_parallel_comm: bool
+    delay_wgrad_compute: bool
+    status: Literal["completed", "incomplete", "not-run"]
+    steps: list[StepRecord] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list, description="notes the schedule or worker reported")
+    log_files: list[str] = Field(default_factory=list, description="per-rank training logs of this mode")
+
+
+class Criterion(_Model):
+    """One of the seed's four success criteria, with its evidence."""
+
+    id: Literal["config-validation", "completes-cleanly", "throughput", "loss-trajectory"]
+    title: str
+    status: CriterionStatus
+    binding: bool = Field(description="whether a 'fail' makes the verdict 'failed'")
+    summary: str
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class RankFailure(_Model):
+    rank: int | None = None
+    kind: Literal["crashed", "hang", "timeout", "cancelled"]
+    message: str
+    traceback: str | None = None
+    stacks: dict[str, str] = Field(default_factory=dict, description="rank -> faulthandler dump of all threads")
+
+
+class RunEnvironment(_Model):
+    device: Literal["cpu", "cuda"]
+    backend: Literal["gloo", "nccl"]
+    nproc: int = Field(ge=1)
+    python: str
+    torch: str | None = None
+    platform: str
+    hostname: str
+
+
+class VerificationReport(_Model):
+    """report.json of ``moe-overlap verify``."""
+
+    format: Literal["moe-overlap-verification-report"] = "moe-overlap-verification-report"
+    version: Literal[1] = 1
+    verdict: Verdict
+    summary: str
+    started_at: str
+    elapsed_s: float = Field(ge=0)
+    command: str | None = Field(default=None, description="the command line that reproduces this run")
+    config_source: str = Field(description="'embedded default', a file path, or 'dict'")
+    config: dict[str, Any] = Field(description="the effective VerifyConfig (moe-overlap format)")
+    mapping_notes: list[str] = Field(default_factory=list, description="what of the input config was not mapped")
+    modes: list[str]
+    criteria: list[Criterion]
+    runs: list[ModeRun]
+    failure: RankFailure | None = None
+    environment: RunEnvironment
+    out_dir: str
+    files: dict[str, str] = Field(default_factory=dict, description="name -> path of report.md, loss.png, logs")
+    notes: list[str] = Field(default_factory=list)

@@ -1,0 +1,127 @@
+"""One rank of a verification run: ``python -m moe_overlap.verify.worker --config CFG.json --out DIR ...``.
+
+Reads the standard torch.distributed environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK),
+so the same command runs under ``torchrun`` or Slurm unchanged. Writes:
+  <out>/ranks/rank<R>.jsonl    records (every record is a heartbeat the launcher's watchdog waits for)
+  <out>/ranks/rank<R>.stacks   Python stacks of all threads, dumped on SIGUSR1 (the launcher's hang probe)
+  <out>/logs/<mode>/rank<R>.log  the training log of each mode (effective config + one line per step)
+Exit status: 0 done, 1 a mode raised (traceback recorded), 3 the launcher went away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from moe_overlap.verify.records import RecordWriter, mode_log_path, records_path, stacks_path
+
+PARENT_ENV = "MOE_OVERLAP_VERIFY_PARENT_PID"
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the launcher is gone: a rank must never outlive it (even if the launcher was SIGKILLed)."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(3)
+        time.sleep(0.5)
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise SystemExit(f"worker: environment variable {name} is not set (run under torchrun or the launcher)")
+        return default
+    return int(value)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m moe_overlap.verify.worker", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="VerifyConfig as JSON (file path)")
+    ap.add_argument("--modes", required=True, help="JSON list of mode specs, or a comma list of mode names")
+    ap.add_argument("--out", required=True, help="output folder shared by all ranks")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def _mode_specs(text: str, cfg):
+    from moe_overlap.verify.modes import ModeSpec, resolve_modes
+
+    if text.lstrip().startswith("["):
+        return [ModeSpec(**d) for d in json.loads(text)]
+    specs, _ = resolve_modes(cfg, [m.strip() for m in text.split(",") if m.strip()], None)
+    return specs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    local_rank = _env_int("LOCAL_RANK", rank)
+    out = Path(args.out)
+    rec = RecordWriter(records_path(out, rank))
+    rec.emit("hello", rank=rank, world=world, local_rank=local_rank, host=os.uname().nodename)
+    stacks = open(stacks_path(out, rank), "w", encoding="utf-8")  # noqa: SIM115 - held for faulthandler
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    if os.environ.get(PARENT_ENV):
+        threading.Thread(target=_watch_parent, args=(int(os.environ[PARENT_ENV]),), daemon=True).start()
+
+    from moe_overlap.verify.config import VerifyConfig
+
+    cfg = VerifyConfig.model_validate_json(Path(args.config).read_text(encoding="utf-8"))
+    specs = _mode_specs(args.modes, cfg)
+    mode, code = None, 0
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from moe_overlap.verify.train import run_mode
+
+        torch.set_num_threads(int(os.environ.get("MOE_OVERLAP_THREADS", "1")))
+        if args.device == "cuda":
+            torch.cuda.set_device(local_rank)
+            device, backend = torch.device("cuda", local_rank), "nccl"
+        else:
+            device, backend = torch.device("cpu"), "gloo"
+        dist.init_process_group(backend=backend, rank=rank, world_size=world,
+                                **({"device_id": device} if backend == "nccl" else {}))
+        group = dist.group.WORLD
+        rec.emit("init", backend=backend, device=str(device), torch=torch.__version__)
+        for spec in specs:
+            mode = spec.name
+            log_path = mode_log_path(out, spec.name, rank)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "w", encoding="utf-8") as logf:
+                def log(line: str, _f=logf) -> None:
+                    _f.write(line + "\n")
+                    _f.flush()
+
+                try:
+                    run_mode(cfg, spec, group, device, rec.emit, log, fault=args.inject_fault)
+                except BaseException:
+                    # The traceback goes to the mode's training log too, where check-logs finds it.
+                    log(traceback.format_exc().rstrip())
+                    raise
+            mode = None
+        dist.barrier(group)
+        dist.destroy_process_group()
+        rec.emit("done")
+    except Exception:
+        rec.emit("error", mode=mode, traceback=traceback.format_exc())
+        traceback.print_exc()
+        code = 1
+    finally:
+        rec.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""check_training_log on our verify logs, Megatron-LM argument dumps and Megatron-Bridge YAML dumps."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from moe_overlap.skill.logs import check_training_log
+
+
+def _status(res, cid):
+    return next(c.status for c in res.checks if c.id == cid)
+
+
+MEGATRON_LM = """\
+using world size: 16, data-parallel size: 16, context-parallel size: 1
+------------------------ arguments ------------------------
+  delay_wgrad_compute ............................. {wgrad}
+  expert_model_parallel_size ...................... 16
+  moe_flex_dispatcher_backend ..................... {backend}
+  moe_token_dispatcher_type ....................... {dispatcher}
+  overlap_moe_expert_parallel_comm ................ {overlap}
+-------------------- end of arguments ---------------------
+ [2026-11-29 10:00:00] iteration        1/      20 | consumed samples: 1024 | lm loss: 1.2E+01 |
+ [2026-11-29 10:00:30] iteration        2/      20 | consumed samples: 2048 | lm loss: 1.1E+01 |
+"""
+
+BRIDGE_YAML = """\
+------- Task Configuration -------
+comm_overlap:
+  overlap_moe_expert_parallel_comm: true
+  delay_wgrad_compute: false
+model:
+  _target_: megatron.bridge.models.qwen.Qwen3MoEModelProvider
+  expert_model_parallel_size: 8
+  moe_token_dispatcher_type: flex
+  moe_flex_dispatcher_backend: hybridep
+"""
+
+
+def test_megatron_lm_dump_confirms_overlap():
+    res = check_training_log(MEGATRON_LM.format(wgrad=False, backend=None, dispatcher="alltoall", overlap=True))
+    assert res.ok, res.checks
+    assert res.format == "megatron-lm"
+    assert res.effective_config["overlap_moe_expert_parallel_comm"] is True
+    assert res.effective_config["moe_token_dispatcher_type"] == "alltoall"
+    assert _status(res, "overlap-flag-logged") == "pass"
+
+
+def test_overlap_false_fails_when_expected():
+    res = check_training_log(MEGATRON_LM.format(wgrad=False, backend=None, dispatcher="alltoall", overlap=False))
+    assert not res.ok
+    assert _status(res, "overlap-flag-logged") == "fail"
+    # and passes when the caller expects the baseline
+    assert check_training_log(MEGATRON_LM.format(wgrad=False, backend=None, dispatcher="alltoall", overlap=False),
+                              expect_overlap=False).ok
+
+
+def test_flex_backend_without_flex_dispatcher_fails():
+    res = check_training_log(MEGATRON_LM.format(wgrad=False, backend="deepep", dispatcher="alltoall", overlap=True))
+    assert _status(res, "flex-backend-active") == "fail"
+    assert "no effect" in next(c.message for c in res.checks if c.id == "flex-backend-active")
+
+
+def test_overlap_with_allgather_dispatcher_fails():
+    res = check_training_log(MEGATRON_LM.format(wgrad=False, backend=None, dispatcher="allgather", overlap=True))
+    assert _status(res, "dispatcher-logged") == "fail"
+
+
+def test_bridge_yaml_flex_hybridep():
+    res = check_training_log(BRIDGE_YAML, expect_delay_wgrad=False)
+    assert res.ok, res.checks
+    assert res.format == "megatron-bridge"
+    assert res.effective_config["moe_flex_dispatcher_backend"] == "hybridep"
+    assert _status(res, "flex-backend-active") == "pass"
+    assert _status(res, "delay-wgrad-logged") == "pass"
+
+
+def test_missing_config_cannot_be_confirmed():
+    res = check_training_log("step 1 loss 3.2\nstep 2 loss 3.1\n")
+    assert not res.ok
+    assert _status(res, "overlap-flag-logged") == "fail"
+
+
+def test_commoverlap_assertion_is_found():
+    text = BRIDGE_YAML + (
+        "Traceback (most recent call last):\n"
+        '  File "comm_overlap.py", line 420, in _get_model_comm_overlap_cfgs\n'
+        "    assert model_cfg.expert_model_parallel_size > 1\n"
+        "AssertionError: expert_model_parallel_size must be > 1 for EP overlap\n")
+    res = check_training_log(text)
+    assert not res.ok
+    for cid in ("no-overlap-config-assertion", "no-assertion-errors", "no-tracebacks"):
+        assert _status(res, cid) == "fail", cid
+    assert any(e.kind == "assertion" for e in res.errors)
+
+
+@pytest.mark.parametrize("line,kind", [
+    ("[rank3]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout: WorkNCCL(...)", "hang"),
+    ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", "nccl"),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer", "gloo"),
+])
+def test_distributed_errors(line, kind):
+    res = check_training_log(MEGATRON_LM.format(wgrad=False, backend=None, dispatcher="alltoall", overlap=True)
+                             + line + "\n")
+    assert not res.ok
+    assert res.errors and res.errors[0].kind == kind
+
+
+def test_last_value_wins_and_key_value_form():
+    text = "Namespace(overlap_moe_expert_parallel_comm=False, delay_wgrad_compute=False)\n" \
+           "Namespace(overlap_moe_expert_parallel_comm=True, moe_token_dispatcher_type='alltoall')\n"
+    res = check_training_log(text)
+    assert res.effective_config["overlap_moe_expert_parallel_comm"] is True
+    assert res.effective_config["moe_token_dispatcher_type"] == "alltoall"
+    assert res.ok
+
+
+def test_module_is_torch_free():
+    code = "import sys, moe_overlap.skill.logs; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_check_logs(tmp_path):
+    good = tmp_path / "good.log"
+    good.write_text(MEGATRON_LM.format(wgrad=True, backend=None, dispatcher="alltoall", overlap=True))
+    bad = tmp_path / "bad.log"
+    bad.write_text(MEGATRON_LM.format(wgrad=False, backend=None, dispatcher="alltoall", overlap=False))
+    run = [sys.executable, "-m", "moe_overlap.cli", "check-logs"]
+    assert subprocess.run(run + [str(good)], capture_output=True).returncode == 0
+    out = subprocess.run(run + [str(bad), "--format", "json"], capture_output=True, text=True)
+    assert out.returncode == 1 and '"ok": false' in out.stdout
+    assert subprocess.run(run + [str(tmp_path / "missing.log")], capture_output=True).returncode == 2
