@@ -1,0 +1,163 @@
+"""A small MoE transformer language model for verification runs and the 1F1B schedule.
+
+Shape legend: B micro-batch size, S sequence length, T = B*S tokens, D hidden, H heads, Dh = D/H head
+dim, V vocabulary, E global experts, E_local experts on this rank, F expert ffn hidden.
+
+Layout: embedding -> L x [x + attn(norm1(x)); h + moe(norm2(h))] -> final norm -> LM head.
+Weights are not tied (one parameter = one gradient accumulation per node, which keeps the gradient
+accumulation order identical between schedules).
+
+Initialisation is deterministic from `seed` and independent of the EP size: every rank draws the
+same stream; the experts draw the *global* [E, ...] tensor and keep their own slice, so EP 1 and
+EP 4 start from the same function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from moe_overlap.ep.layer import MoELayer
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Dimensions of the toy MoE LM (Megatron field names in comments)."""
+
+    vocab_size: int = 64  # vocab_size
+    hidden: int = 32  # hidden_size
+    ffn: int = 32  # moe_ffn_hidden_size
+    num_heads: int = 4  # num_attention_heads
+    num_layers: int = 2  # num_layers
+    num_experts: int = 4  # num_moe_experts
+    topk: int = 2  # moe_router_topk
+    router_score: str = "softmax"
+    aux_loss_coeff: float = 1e-2  # moe_aux_loss_coeff
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.hidden % self.num_heads == 0, "hidden must be divisible by num_heads"),
+            (1 <= self.topk <= self.num_experts, "topk must be in [1, num_experts]"),
+            (self.num_layers >= 1, "num_layers must be >= 1"),
+            (self.router_score in ("softmax", "sigmoid"), "router_score must be softmax or sigmoid"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(f"ModelConfig: {msg} (got {asdict(self)})")
+
+
+class CausalSelfAttention(nn.Module):
+    """Causal multi-head attention written as plain matmuls + softmax.
+
+    Why not SDPA: the fused flash/efficient kernels accumulate dq with atomics on GPU, which breaks the
+    bit-for-bit comparison between schedules; at these sizes the math path costs nothing.
+    """
+
+    def __init__(self, hidden: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.proj = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x_BSD: torch.Tensor) -> torch.Tensor:
+        B, S, D = x_BSD.shape
+        H = self.num_heads
+        q, k, v = self.qkv(x_BSD).view(B, S, 3, H, D // H).permute(2, 0, 3, 1, 4)  # each [B, H, S, Dh]
+        scores_BHSS = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D // H))
+        mask_SS = torch.ones(S, S, dtype=torch.bool, device=x_BSD.device).triu(1)
+        probs_BHSS = scores_BHSS.masked_fill(mask_SS, float("-inf")).softmax(-1)
+        out_BSD = (probs_BHSS @ v).transpose(1, 2).reshape(B, S, D)
+        return self.proj(out_BSD)
+
+
+class Block(nn.Module):
+    """One transformer layer: pre-norm attention, pre-norm MoE, two residuals."""
+
+    def __init__(self, cfg: ModelConfig, group: dist.ProcessGroup | None) -> None:
+        super().__init__()
+        self.norm1 = nn.RMSNorm(cfg.hidden, eps=1e-6)
+        self.attn = CausalSelfAttention(cfg.hidden, cfg.num_heads)
+        self.norm2 = nn.RMSNorm(cfg.hidden, eps=1e-6)
+        self.moe = MoELayer(cfg.hidden, cfg.ffn, cfg.num_experts, cfg.topk, group)
+
+    def attention(self, x_BSD: torch.Tensor) -> torch.Tensor:
+        """First half of the layer: x + attn(norm1(x)) -> residual stream h [B, S, D]."""
+        return x_BSD + self.attn(self.norm1(x_BSD))
+
+
+class MoETransformer(nn.Module):
+    """Small MoE LM. `forward` is the plain autograd path (schedule none/chunked of the MoE layer);
+    the node-by-node path used by the 1F1B schedule lives in ep/nodes.py and reuses these modules."""
+
+    def __init__(self, cfg: ModelConfig, group: dist.ProcessGroup | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.layers = nn.ModuleList(Block(cfg, group) for _ in range(cfg.num_layers))
+        self.final_norm = nn.RMSNorm(cfg.hidden, eps=1e-6)
+        self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        ep_rank = dist.get_rank(group) if group is not None else 0
+        ep_size = dist.get_world_size(group) if group is not None else 1
+        init_parameters(self, cfg.seed, ep_rank, ep_size)
+
+    def expert_parameters(self) -> list[nn.Parameter]:
+        """Parameters sharded over the EP group (their gradient is local, never all-reduced)."""
+        return [p for blk in self.layers for p in blk.moe.experts.parameters()]
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        """Parameters replicated on every EP rank (data parallel: gradients are averaged)."""
+        expert_ids = {id(p) for p in self.expert_parameters()}
+        return [p for p in self.parameters() if id(p) not in expert_ids]
+
+    def logits_loss(self, x_BSD: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head + mean cross entropy (fp32 logits for a stable softmax)."""
+        logits_BSV = self.head(self.final_norm(x_BSD)).float()
+        return F.cross_entropy(logits_BSV.flatten(0, 1), labels_BS.flatten())
+
+    def forward(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, *, schedule: str = "none",
+                chunks: int = 1) -> torch.Tensor:
+        """Plain autograd forward; returns lm_loss + aux_loss_coeff * sum(aux losses), a scalar."""
+        x_BSD = self.embed(tokens_BS)
+        aux = x_BSD.new_zeros((), dtype=torch.float32)
+        for blk in self.layers:
+            h_BSD = blk.attention(x_BSD)
+            y_TD, aux_l = blk.moe(blk.norm2(h_BSD).flatten(0, 1), schedule=schedule, chunks=chunks)
+            x_BSD = h_BSD + y_TD.view_as(h_BSD)
+            aux = aux + aux_l.float()
+        return self.logits_loss(x_BSD, labels_BS) + self.cfg.aux_loss_coeff * aux
+
+
+@torch.no_grad()
+def init_parameters(model: MoETransformer, seed: int, ep_rank: int, ep_size: int) -> None:
+    """Deterministic init independent of EP size (see module docstring).
+
+    Norm weights = 1; embeddings N(0, 1); every matrix N(0, 1/fan_in). Parameters are visited in
+    `named_parameters` order, which is identical on every rank; expert tensors are drawn at global
+    shape [E, ...] and sliced to this rank's E_local rows.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    expert_ids = {id(p) for p in model.expert_parameters()}
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            p.fill_(1.0)
+            continue
+        shape = list(p.shape)
+        if id(p) in expert_ids:
+            shape[0] *= ep_size
+        if "embed" in name:
+            fan_in = 1
+        elif id(p) in expert_ids:
+            fan_in = shape[1]  # w1 [E, D, 2F] / w2 [E, F, D]: contraction dim is dim 1
+        else:
+            fan_in = shape[-1]  # nn.Linear / router weight [out, in]
+        full = torch.randn(shape, generator=gen, dtype=torch.float32) / math.sqrt(fan_in)
+        if id(p) in expert_ids:
+            n = p.shape[0]
+            full = full[ep_rank * n:(ep_rank + 1) * n]
+        p.copy_(full.to(p.dtype))

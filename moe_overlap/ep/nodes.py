@@ -1,0 +1,208 @@
+"""The four nodes of one MoE transformer layer, plus the embedding and loss nodes, for one micro-batch.
+
+Shape legend: B micro-batch size, S sequence, T = B*S local tokens, K top-k, N = T*K rows this rank
+sends, R rows it receives for its local experts, D hidden.
+
+Nodes (Megatron-Core's fine-grained layer split, ANCHORS.md section 3):
+    pre-dispatch (compute): h = x + attn(norm1(x)); z = norm2(h); route(z); permute z -> x_ND; counts
+    dispatch     (comm):    x_ND -- all-to-all --> recv_RD
+    experts      (compute): sort by local expert, grouped SwiGLU experts, unsort -> y_RD
+    combine      (comm):    y_RD -- all-to-all --> y_ND; out = h + unpermute(y_ND, probs)
+
+Each compute island detaches its inputs into fresh leaves, runs under autograd, and keeps its outputs;
+its backward is `torch.autograd.backward(outputs, grads)` and hands the leaves' `.grad` to the node
+before it. The comm nodes never build a graph: forward and backward are explicit async all-to-alls
+(start / wait), so a schedule can put compute of another micro-batch between the two.
+
+State lives on the per-micro-batch run objects (`LayerRun`, `MicroBatchRun`), never on the modules;
+each node drops what it no longer needs after its backward so activations are freed as in autograd.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from moe_overlap.ep.all_to_all import A2AHandle, all_to_all_async
+from moe_overlap.ep.dispatcher import (
+    DispatchPlan,
+    exchange_counts,
+    make_dispatch_plan,
+    permute,
+    sort_by_local_expert,
+    unpermute_rows,
+    unpermute_rows_backward,
+    unsort_by_local_expert,
+)
+from moe_overlap.ep.router import attach_aux_losses, route
+from moe_overlap.ep.wgrad import WgradStore
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """Explicit distributed state shared by the nodes of one step.
+
+    group: EP process group; comm_stream: CUDA stream for all-to-alls (None on CPU, where gloo's
+    async_op supplies the concurrency); store: WgradStore when expert wgrad is delayed;
+    grad_scale: d(objective)/d(micro-batch loss), 1/M for M micro-batches.
+    """
+
+    group: dist.ProcessGroup
+    comm_stream: torch.cuda.Stream | None
+    store: WgradStore | None
+    grad_scale: float
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    """A node input: cut from the previous node's graph, a fresh leaf that collects its gradient."""
+    return t.detach().requires_grad_(t.is_floating_point())
+
+
+def _backward(outputs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    torch.autograd.backward(outputs, grads)
+
+
+class _Unpermute(torch.autograd.Function):
+    """Autograd wrapper over the dispatcher's public unpermute steps (gathers only: deterministic)."""
+
+    @staticmethod
+    def forward(ctx, y_ND, probs_TK, plan):
+        ctx.plan = plan
+        ctx.save_for_backward(y_ND, probs_TK)
+        return unpermute_rows(y_ND, probs_TK, plan)
+
+    @staticmethod
+    def backward(ctx, g_TD):
+        y_ND, probs_TK = ctx.saved_tensors
+        g_ND, g_probs_TK = unpermute_rows_backward(g_TD, y_ND, probs_TK, ctx.plan)
+        return g_ND, g_probs_TK, None
+
+
+class LayerRun:
+    """One layer x one micro-batch: the four nodes' forward and backward, as start/wait pieces."""
+
+    def __init__(self, block, ctx: NodeContext, aux_loss_coeff: float, router_score: str) -> None:
+        self.block, self.ctx = block, ctx
+        self.aux_coeff, self.router_score = aux_loss_coeff, router_score
+        self.handle: A2AHandle | None = None
+
+    # ------------------------------------------------------------------ forward
+    def pre_forward(self, x_BSD: torch.Tensor) -> None:
+        """pre-dispatch node: attention + norm + router + permute, then the counts exchange."""
+        blk, moe = self.block, self.block.moe
+        self.x_in = _leaf(x_BSD)
+        with torch.enable_grad():
+            self.h_BSD = blk.attention(self.x_in)
+            z_TD = blk.norm2(self.h_BSD).flatten(0, 1)
+            routing = route(z_TD, moe.router.weight, topk=moe.topk, score=self.router_score)
+            x_ND, pplan = permute(z_TD, routing, moe.num_experts)
+            # The aux loss's gradient enters here, scaled like the micro-batch loss it belongs to.
+            self.x_ND = attach_aux_losses(x_ND, routing, self.aux_coeff * self.ctx.grad_scale, 0.0)
+            self.probs_TK = routing.probs_TK
+        # The layer's one host sync: splits must be host ints for the all-to-all (dispatcher.py).
+        (send_E,), (recv_RL,) = exchange_counts(pplan.tokens_per_expert_E.unsqueeze(0),
+                                                moe.num_experts, self.ctx.group)
+        self.plan: DispatchPlan = make_dispatch_plan(pplan, send_E, recv_RL)
+
+    def dispatch_forward_start(self) -> None:
+        p = self.plan
+        self.handle = all_to_all_async(self.x_ND.detach(), p.recv_splits, p.send_splits, self.ctx.group,
+                                       self.ctx.comm_stream)
+
+    def dispatch_forward_wait(self) -> None:
+        self.recv_RD = self.handle.wait()
+        self.handle = None
+
+    def experts_forward(self) -> None:
+        """experts node: (source, expert) -> (expert, source) order, grouped SwiGLU, and back."""
+        self.recv_in = _leaf(self.recv_RD)
+        del self.recv_RD
+        with torch.enable_grad():
+            xs_RD = sort_by_local_expert(self.recv_in, self.plan)
+            ys_RD = self.block.moe.experts(xs_RD, self.plan.tokens_per_local_expert,
+                                           wgrad_store=self.ctx.store)
+            self.y_RD = unsort_by_local_expert(ys_RD, self.plan)
+
+    def combine_forward_start(self) -> None:
+        p = self.plan
+        self.handle = all_to_all_async(self.y_RD.detach(), p.send_splits, p.recv_splits, self.ctx.group,
+                                       self.ctx.comm_stream)
+
+    def combine_forward_wait(self) -> torch.Tensor:
+        """combine node, second half: unpermute with the routing weights, add the residual."""
+        self.y_ND_in = _leaf(self.handle.wait())
+        self.handle = None
+        self.probs_in, self.h_in = _leaf(self.probs_TK), _leaf(self.h_BSD)
+        with torch.enable_grad():
+            y_TD = _Unpermute.apply(self.y_ND_in, self.probs_in, self.plan.permute)
+            self.out_BSD = self.h_in + y_TD.view_as(self.h_in)
+        return self.out_BSD.detach()
+
+    # ------------------------------------------------------------------ backward
+    def combine_backward_start(self, g_BSD: torch.Tensor) -> None:
+        _backward([self.out_BSD], [g_BSD])
+        p = self.plan
+        self.handle = all_to_all_async(self.y_ND_in.grad, p.recv_splits, p.send_splits, self.ctx.group,
+                                       self.ctx.comm_stream)
+        self.g_probs_TK, self.g_h_BSD = self.probs_in.grad, self.h_in.grad
+        del self.out_BSD, self.y_ND_in, self.probs_in, self.h_in
+
+    def combine_backward_wait(self) -> None:
+        self.g_y_RD = self.handle.wait()
+        self.handle = None
+
+    def experts_backward(self) -> None:
+        """experts dgrad; with a WgradStore the weight gradients are deferred into it."""
+        _backward([self.y_RD], [self.g_y_RD])
+        del self.y_RD, self.g_y_RD
+
+    def dispatch_backward_start(self) -> None:
+        p = self.plan
+        self.handle = all_to_all_async(self.recv_in.grad, p.send_splits, p.recv_splits, self.ctx.group,
+                                       self.ctx.comm_stream)
+        del self.recv_in
+
+    def dispatch_backward_wait(self) -> None:
+        self.g_x_ND = self.handle.wait()
+        self.handle = None
+
+    def pre_backward(self) -> torch.Tensor:
+        _backward([self.h_BSD, self.x_ND, self.probs_TK], [self.g_h_BSD, self.g_x_ND, self.g_probs_TK])
+        g_x = self.x_in.grad
+        del self.h_BSD, self.x_ND, self.probs_TK, self.g_h_BSD, self.g_x_ND, self.g_probs_TK, self.x_in
+        del self.plan
+        return g_x
+
+
+class MicroBatchRun:
+    """One micro-batch through the model: embedding node, L LayerRuns, loss node."""
+
+    def __init__(self, model, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, ctx: NodeContext) -> None:
+        self.model, self.ctx = model, ctx
+        self.tokens_BS, self.labels_BS = tokens_BS, labels_BS
+        cfg = model.cfg
+        self.layers = [LayerRun(blk, ctx, cfg.aux_loss_coeff, cfg.router_score) for blk in model.layers]
+        self.loss: torch.Tensor | None = None  # detached value, read on the host only at the very end
+
+    def embed_forward(self) -> torch.Tensor:
+        with torch.enable_grad():
+            self.emb_BSD = self.model.embed(self.tokens_BS)
+        return self.emb_BSD.detach()
+
+    def head_forward(self, x_BSD: torch.Tensor) -> None:
+        self.head_in = _leaf(x_BSD)
+        with torch.enable_grad():
+            self.loss_t = self.model.logits_loss(self.head_in, self.labels_BS)
+        self.loss = self.loss_t.detach()
+
+    def head_backward(self) -> torch.Tensor:
+        _backward([self.loss_t], [torch.full_like(self.loss_t, self.ctx.grad_scale)])
+        g = self.head_in.grad
+        del self.loss_t, self.head_in
+        return g
+
+    def embed_backward(self, g_BSD: torch.Tensor) -> None:
+        _backward([self.emb_BSD], [g_BSD])
+        del self.emb_BSD

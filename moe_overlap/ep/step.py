@@ -1,0 +1,134 @@
+"""One training step's forward + backward over M micro-batches: the entry point of verification runs.
+
+    forward_backward(model, batches, schedule=..., delay_wgrad=..., chunks=..., group=...) -> StepResult
+
+schedule:
+    "none"    sequential: each micro-batch forward then backward, through the node functions of
+              ep/nodes.py (the bitwise reference of "1f1b")
+    "chunked" plain autograd through MoELayer's chunked layer schedule (overlap inside one layer)
+    "1f1b"    cross-micro-batch overlap (ep/schedule_1f1b.py), Megatron-Core's
+              overlap_moe_expert_parallel_comm; delay_wgrad=True adds delay_wgrad_compute
+
+On return every gradient is complete (delayed wgrad flushed) and data-parallel reduced over `group`:
+each rank's objective is the mean over its micro-batches; the step's objective is the mean over
+ranks, so dense (replicated) gradients are all-reduced and divided by the group size, and expert
+gradients (which already hold every rank's contribution through the all-to-alls) are divided by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from moe_overlap.ep.nodes import MicroBatchRun, NodeContext
+from moe_overlap.ep.schedule_1f1b import run_1f1b, run_sequential
+from moe_overlap.ep.wgrad import WgradStore
+
+SCHEDULES = ("none", "chunked", "1f1b")
+WGRAD_RULE_ID = "wgrad-requires-overlap"
+
+
+class StepConfigError(ValueError):
+    """Invalid step options; `rule_id` is the validator's rule id when one applies."""
+
+    def __init__(self, message: str, rule_id: str | None = None) -> None:
+        super().__init__(f"[{rule_id}] {message}" if rule_id else message)
+        self.rule_id = rule_id
+
+
+@dataclass
+class StepResult:
+    losses: list[float]  # LM loss of each micro-batch on this rank (aux losses excluded)
+    notes: list[str] = field(default_factory=list)
+
+
+def check_step_options(schedule: str, delay_wgrad: bool, chunks: int, num_micro_batches: int) -> None:
+    if schedule not in SCHEDULES:
+        raise StepConfigError(f"schedule={schedule!r}: must be one of {SCHEDULES}")
+    if delay_wgrad and schedule != "1f1b":
+        raise StepConfigError(
+            f"delay_wgrad (delay_wgrad_compute) requires the 1f1b overlap "
+            f"(overlap_moe_expert_parallel_comm); got schedule={schedule!r}. "
+            "Fix: set schedule='1f1b' or delay_wgrad=False.", WGRAD_RULE_ID)
+    if not isinstance(chunks, int) or chunks < 1:
+        raise StepConfigError(f"chunks={chunks!r}: must be an int >= 1")
+    if num_micro_batches < 1:
+        raise StepConfigError("batches is empty: pass at least one (tokens_BS, labels_BS) micro-batch")
+
+
+def reduce_gradients(model, group) -> None:
+    """Average gradients over the EP group (which is also the data-parallel group here).
+
+    One flat all-reduce for all dense gradients: fewer collectives, and a fixed reduction order so
+    the result is identical whichever schedule produced the local gradients.
+    """
+    world = dist.get_world_size(group)
+    if world == 1:
+        return
+    dense = model.dense_parameters()
+    for p in dense:  # a parameter with no gradient on one rank must still join the collective
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in dense])
+    dist.all_reduce(flat, group=group)
+    flat.div_(world)
+    offset = 0
+    for p in dense:
+        n = p.numel()
+        p.grad.copy_(flat[offset:offset + n].view_as(p))
+        offset += n
+    for p in model.expert_parameters():
+        if p.grad is not None:
+            p.grad.div_(world)
+
+
+def _chunked(model, batches, chunks: int) -> list[torch.Tensor]:
+    losses = []
+    scale = 1.0 / len(batches)
+    for tokens_BS, labels_BS in batches:
+        lm_loss, objective = model(tokens_BS, labels_BS, schedule="chunked", chunks=chunks)
+        objective.backward(torch.full_like(objective, scale))
+        losses.append(lm_loss.detach())
+    return losses
+
+
+def forward_backward(
+    model,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    schedule: str,
+    delay_wgrad: bool,
+    chunks: int = 1,
+    group,
+    streams: torch.cuda.Stream | None = None,
+) -> StepResult:
+    """Forward + backward of all micro-batches; gradients complete and reduced on return.
+
+    model: MoETransformer whose MoE layers use `group`; batches: M pairs (tokens_BS, labels_BS) of
+    int64 on the model's device; streams: the CUDA communication stream (None on CPU / to issue
+    all-to-alls on gloo's thread). Gradients are reset first (`set_to_none`): one call = one step.
+    Raises StepConfigError (a ValueError; `.rule_id` == "wgrad-requires-overlap" for delayed wgrad
+    without 1f1b) on bad options.
+    """
+    batches = list(batches)
+    check_step_options(schedule, delay_wgrad, chunks, len(batches))
+    model.zero_grad(set_to_none=True)
+    notes: list[str] = []
+    if schedule == "chunked":
+        loss_ts = _chunked(model, batches, chunks)
+    else:
+        store = WgradStore() if delay_wgrad else None
+        ctx = NodeContext(group=group, comm_stream=streams, store=store, grad_scale=1.0 / len(batches))
+        runs = [MicroBatchRun(model, t, y, ctx) for t, y in batches]
+        if schedule == "1f1b":
+            notes += run_1f1b(runs, store)
+        else:
+            run_sequential(runs)
+        loss_ts = [r.loss for r in runs]
+    reduce_gradients(model, group)
+    # One host sync for all losses, at the very end (a .item() per micro-batch would stall the GPU).
+    losses = torch.stack(loss_ts).float().tolist()
+    return StepResult(losses=losses, notes=notes)
