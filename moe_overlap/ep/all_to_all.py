@@ -1,0 +1,106 @@
+"""Variable-split all-to-all: an async handle for schedules and an autograd function for the sync path.
+
+Shape legend: N rows sent (sum of in_splits), M rows received (sum of out_splits), D trailing size.
+
+Conventions (the order of ``torch.distributed.all_to_all_single``'s arguments):
+    in_splits[r]  = rows of x sent to rank r       (x rows are grouped by destination rank)
+    out_splits[r] = rows received from rank r      (the result rows are grouped by source rank)
+Splits are Python ints on the host: gloo and NCCL both need them there, which is why the
+dispatcher exchanges counts first (one device-to-host sync per layer, see dispatcher.py).
+
+A group of size 1 short-cuts to the identity (no collective is launched).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .streams import current_stream, record_event, record_stream, wait_event
+
+
+def _check_splits(x: torch.Tensor, out_splits, in_splits, world: int) -> tuple[list[int], list[int]]:
+    out_splits, in_splits = [int(s) for s in out_splits], [int(s) for s in in_splits]
+    if len(out_splits) != world or len(in_splits) != world:
+        raise ValueError(f"splits must have one entry per rank ({world}); got out={out_splits} in={in_splits}")
+    if sum(in_splits) != x.shape[0]:
+        raise ValueError(f"in_splits={in_splits} sum to {sum(in_splits)} but x has {x.shape[0]} rows")
+    return out_splits, in_splits
+
+
+@dataclass
+class A2AHandle:
+    """An all-to-all in flight. ``wait()`` returns the received tensor, ready on the current stream."""
+
+    out: torch.Tensor
+    work: object | None = None
+    event: object | None = None  # CUDA event recorded on the comm stream after the collective
+    _done: bool = False
+
+    def wait(self) -> torch.Tensor:
+        if not self._done:
+            if self.work is not None:
+                self.work.wait()
+            if self.event is not None:
+                consumer = current_stream(self.out.device)
+                wait_event(consumer, self.event)
+                # ``out`` was allocated on the comm stream and is now read on the consumer stream.
+                record_stream(self.out, consumer)
+            self._done = True
+        return self.out
+
+
+def all_to_all_async(
+    x: torch.Tensor, out_splits, in_splits, group, stream: torch.cuda.Stream | None = None
+) -> A2AHandle:
+    """Start ``all_to_all_single`` and return a handle. Never builds an autograd graph.
+
+    CPU/gloo: ``async_op=True``; gloo's worker thread moves the data while this thread computes.
+    CUDA with ``stream``: the collective is issued on ``stream`` after it waits for the current
+    (compute) stream; ``wait()`` makes the compute stream wait on an event, not the host.
+    """
+    world = dist.get_world_size(group)
+    out_splits, in_splits = _check_splits(x, out_splits, in_splits, world)
+    x = x.detach().contiguous()
+    if world == 1:
+        return A2AHandle(out=x, _done=True)
+    if stream is None or not x.is_cuda:
+        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+        work = dist.all_to_all_single(out, x, out_splits, in_splits, group=group, async_op=True)
+        return A2AHandle(out=out, work=work)
+    producer = current_stream(x.device)
+    stream.wait_stream(producer)
+    with torch.cuda.stream(stream):
+        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+        event = record_event(stream)
+    record_stream(x, stream)  # x is read on the comm stream; keep its memory until that is done
+    return A2AHandle(out=out, event=event)
+
+
+def all_to_all_sync(x: torch.Tensor, out_splits, in_splits, group) -> torch.Tensor:
+    """Blocking all-to-all without autograd."""
+    return all_to_all_async(x, out_splits, in_splits, group).wait()
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.splits = (list(out_splits), list(in_splits))
+        ctx.group = group
+        out = all_to_all_sync(x, out_splits, in_splits, group)
+        # A 1-rank group returns x itself; autograd needs a fresh tensor as the output.
+        return out.clone() if out.data_ptr() == x.data_ptr() and out.numel() else out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        out_splits, in_splits = ctx.splits
+        # The gradient travels back along the same rows: the reverse all-to-all swaps the splits.
+        return all_to_all_sync(grad_out, in_splits, out_splits, ctx.group), None, None, None
+
+
+def all_to_all(x: torch.Tensor, out_splits, in_splits, group) -> torch.Tensor:
+    """Synchronous all-to-all with autograd (backward = the reverse all-to-all)."""
+    return _AllToAll.apply(x, list(out_splits), list(in_splits), group)

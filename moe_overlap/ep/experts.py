@@ -1,0 +1,213 @@
+"""Grouped SwiGLU experts with a hand-written backward split into dgrad and wgrad.
+
+Shape legend: S rows (grouped by local expert, ``counts[j]`` rows for expert j), D hidden, F expert ffn
+size, L local experts.
+
+Parameters: ``w1`` [L, D, 2F] (columns 0..F-1 are the gate, F..2F-1 the up projection),
+``w2`` [L, F, D]. For the rows x of expert j:
+
+    h = x @ w1[j];  gate, up = h[:, :F], h[:, F:]
+    a = silu(gate) * up            (computed in fp32, cast back to the rows' dtype)
+    y = a @ w2[j]
+
+GEMM path: ``torch._grouped_mm`` where the device and dtype support it (probed once per
+(device type, dtype) at run time by comparing against the loop) and the row strides are 16-byte
+aligned; otherwise a per-expert loop of ``@``. :func:`expert_path` says which path a call takes.
+``torch._grouped_mm``'s own autograd fails on CPU, and the dgrad/wgrad split needs a hand-written
+backward anyway, so the backward is explicit:
+
+    dgrad: da = dy @ w2[j].T ; dh = swiglu'(h, da) ; dx = dh @ w1[j].T
+    wgrad: dw2[j] = a.T @ dy ;  dw1[j] = x.T @ dh          (zeros for experts with no rows)
+
+With a :class:`~moe_overlap.ep.wgrad.WgradStore`, the wgrad GEMMs are deferred into it as a closure.
+Determinism: every op here is a fixed sequence of GEMMs and elementwise ops (no atomics), so the
+same inputs give bitwise the same outputs; GEMMs over a different number of rows (another chunking)
+may round differently in fp32 (measured on CPU), so chunked vs unchunked agree to rounding only.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import torch
+from torch import nn
+
+from .wgrad import WgradStore, accumulate_grad
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_dtype(dtype: torch.dtype, name: str = "dtype") -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"{name}={dtype}: unsupported; use torch.float32, torch.bfloat16 or torch.float16")
+
+
+@functools.cache
+def grouped_mm_supported(device_type: str, dtype: torch.dtype) -> bool:
+    """Probe ``torch._grouped_mm`` once: it must exist, run, and match the loop on a tiny problem."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(8, 16, generator=gen).to(device_type, dtype)
+        w = torch.randn(3, 16, 16, generator=gen).to(device_type, dtype)
+        offs = torch.tensor([3, 3, 8], dtype=torch.int32, device=device_type)
+        got = torch._grouped_mm(x, w, offs=offs)
+        want = torch.cat([x[:3] @ w[0], x[3:8] @ w[2]])
+        return bool(torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2))
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _aligned(*tensors: torch.Tensor) -> bool:
+    for t in tensors:
+        if t.data_ptr() % 16:
+            return False
+        if any((s * t.element_size()) % 16 for s, n in zip(t.stride(), t.shape, strict=True) if s != 1 and n > 1):
+            return False
+    return True
+
+
+def expert_path(x_SD: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> str:
+    """'grouped_mm' or 'loop': the GEMM path a call with these tensors takes."""
+    if not grouped_mm_supported(x_SD.device.type, x_SD.dtype):
+        return "loop"
+    ffn = w2.shape[1]
+    if (x_SD.shape[1] * x_SD.element_size()) % 16 or (ffn * x_SD.element_size()) % 16:
+        return "loop"
+    return "grouped_mm" if _aligned(x_SD, w1, w2) else "loop"
+
+
+def _offsets(counts, device) -> torch.Tensor:
+    return torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=device)
+
+
+def _gmm(x_MK, w_LKN, counts, path) -> torch.Tensor:
+    """Row-grouped x @ w[j] -> [M, N]."""
+    if path == "grouped_mm":
+        return torch._grouped_mm(x_MK, w_LKN, offs=_offsets(counts, x_MK.device))
+    pieces, start = [], 0
+    for j, c in enumerate(counts):
+        if c:
+            pieces.append(x_MK[start:start + c] @ w_LKN[j])
+        start += c
+    if not pieces:
+        return x_MK.new_zeros((0, w_LKN.shape[-1]))
+    return torch.cat(pieces)
+
+
+def _gmm_wgrad(x_MK, dy_MN, counts, path) -> torch.Tensor:
+    """Per-group x.T @ dy -> [L, K, N]; zeros for empty groups."""
+    if path == "grouped_mm":
+        return torch._grouped_mm(x_MK.t(), dy_MN, offs=_offsets(counts, x_MK.device))
+    out = x_MK.new_zeros((len(counts), x_MK.shape[1], dy_MN.shape[1]))
+    start = 0
+    for j, c in enumerate(counts):
+        if c:
+            out[j] = x_MK[start:start + c].t() @ dy_MN[start:start + c]
+        start += c
+    return out
+
+
+def _swiglu(h_S2F: torch.Tensor) -> torch.Tensor:
+    ffn = h_S2F.shape[1] // 2
+    gate, up = h_S2F[:, :ffn].float(), h_S2F[:, ffn:].float()
+    return (torch.nn.functional.silu(gate) * up).to(h_S2F.dtype)
+
+
+def _swiglu_backward(h_S2F: torch.Tensor, da_SF: torch.Tensor) -> torch.Tensor:
+    ffn = h_S2F.shape[1] // 2
+    gate, up, da = h_S2F[:, :ffn].float(), h_S2F[:, ffn:].float(), da_SF.float()
+    sig = torch.sigmoid(gate)
+    silu = gate * sig
+    dgate = da * up * sig * (1.0 + gate * (1.0 - sig))
+    return torch.cat([dgate, da * silu], dim=1).to(h_S2F.dtype)
+
+
+def _check_inputs(x_SD, w1, w2, counts) -> None:
+    check_dtype(x_SD.dtype, "x dtype")
+    if x_SD.device != w1.device:
+        raise ValueError(f"x device={x_SD.device} != expert weights device={w1.device}")
+    if x_SD.dtype != w1.dtype:
+        raise ValueError(f"x dtype={x_SD.dtype} != expert weights dtype={w1.dtype}")
+    if x_SD.dim() != 2 or x_SD.shape[1] != w1.shape[1]:
+        raise ValueError(f"x shape={tuple(x_SD.shape)}: expected [S, hidden={w1.shape[1]}]")
+    if len(counts) != w1.shape[0] or sum(counts) != x_SD.shape[0]:
+        raise ValueError(f"tokens_per_expert={tuple(counts)}: need {w1.shape[0]} counts summing to {x_SD.shape[0]}")
+
+
+# ------------------------------------------------------------ plain steps (schedules call these)
+def experts_forward(x_SD, w1, w2, counts):
+    """Returns (y_SD, h_S2F); keep (x_SD, h_S2F) for the backward."""
+    _check_inputs(x_SD, w1, w2, counts)
+    x_SD = x_SD.contiguous()
+    path = expert_path(x_SD, w1, w2)
+    h = _gmm(x_SD, w1, counts, path)
+    return _gmm(_swiglu(h), w2, counts, path), h
+
+
+def experts_dgrad(dy_SD, x_SD, h_S2F, w1, w2, counts):
+    """Returns (dx_SD, wgrad_inputs); pass wgrad_inputs to :func:`experts_wgrad`."""
+    dy_SD = dy_SD.contiguous()
+    path = expert_path(x_SD, w1, w2)
+    da = _gmm(dy_SD, w2.transpose(-2, -1), counts, path)
+    dh = _swiglu_backward(h_S2F, da)
+    dx = _gmm(dh, w1.transpose(-2, -1), counts, path)
+    return dx, (x_SD, _swiglu(h_S2F), dh, dy_SD)
+
+
+def experts_wgrad(wgrad_inputs, w1, w2, counts):
+    """Returns (dw1 [L, D, 2F], dw2 [L, F, D])."""
+    x_SD, a_SF, dh, dy = wgrad_inputs
+    path = expert_path(x_SD, w1, w2)
+    return _gmm_wgrad(x_SD, dh, counts, path), _gmm_wgrad(a_SF, dy, counts, path)
+
+
+def defer_or_return_wgrad(wgrad_inputs, w1, w2, counts, store: WgradStore | None):
+    """Immediate: return (dw1, dw2). Deferred: push a closure accumulating into .grad, return (None, None)."""
+    if store is None:
+        return experts_wgrad(wgrad_inputs, w1, w2, counts)
+
+    def closure():
+        dw1, dw2 = experts_wgrad(wgrad_inputs, w1, w2, counts)
+        accumulate_grad(w1, dw1)
+        accumulate_grad(w2, dw2)
+
+    store.defer(closure)
+    return None, None
+
+
+class _ExpertsFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_SD, w1, w2, counts, store):
+        y, h = experts_forward(x_SD, w1, w2, counts)
+        ctx.save_for_backward(x_SD, h)
+        ctx.meta = (counts, store, w1, w2)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy_SD):
+        x_SD, h = ctx.saved_tensors
+        counts, store, w1, w2 = ctx.meta
+        dx, wgrad_inputs = experts_dgrad(dy_SD, x_SD, h, w1.detach(), w2.detach(), counts)
+        dw1, dw2 = defer_or_return_wgrad(wgrad_inputs, w1, w2, counts, store)
+        return dx, dw1, dw2, None, None
+
+
+class GroupedExperts(nn.Module):
+    """L local SwiGLU experts. Parameters ``w1`` [L, D, 2F] and ``w2`` [L, F, D]."""
+
+    def __init__(self, num_local_experts: int, hidden: int, ffn: int, *, dtype=torch.float32, device=None):
+        super().__init__()
+        check_dtype(dtype)
+        self.w1 = nn.Parameter(torch.empty(num_local_experts, hidden, 2 * ffn, dtype=dtype, device=device))
+        self.w2 = nn.Parameter(torch.empty(num_local_experts, ffn, hidden, dtype=dtype, device=device))
+
+    def forward(self, x_SD: torch.Tensor, tokens_per_expert, wgrad_store: WgradStore | None = None):
+        """x_SD grouped by local expert (tuple of host ints ``tokens_per_expert``) -> y_SD, same dtype."""
+        counts = tuple(int(c) for c in tokens_per_expert)
+        return _ExpertsFn.apply(x_SD, self.w1, self.w2, counts, wgrad_store)
+
+    def path_for(self, x_SD: torch.Tensor) -> str:
+        return expert_path(x_SD, self.w1, self.w2)
