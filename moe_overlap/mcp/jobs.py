@@ -1,0 +1,165 @@
+"""Verification jobs: one thread each, a cancel Event, a handle the client polls.
+
+Why threads and handles: a verification takes tens of seconds to minutes, longer than many clients'
+60 s tool timeout, and the SDK has no tasks. `run_verification(background=true)` returns a handle at
+once; `get_verification_status` polls it; `cancel_verification` sets the Event and waits until the
+run (and the rank processes it launched) are gone. `shutdown()` cancels every job: the server calls
+it when the client goes away (stdin closed, lifespan end) so no rank process outlives the session.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+JobState = Literal["running", "succeeded", "failed", "cancelled"]
+RunFn = Callable[[Callable[[dict[str, Any]], None], threading.Event], BaseModel]
+
+
+class JobError(Exception):
+    """A job request the client can fix (unknown id, too many running)."""
+
+
+@dataclass
+class Job:
+    id: str
+    description: str
+    started_at: float
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+    state: JobState = "running"
+    progress: dict[str, Any] = field(default_factory=dict)
+    progress_count: int = 0
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10))
+    result: BaseModel | None = None
+    error: str | None = None
+    ended_at: float | None = None
+    thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_progress(self, event: dict[str, Any]) -> None:
+        # Called from the job thread; readers take a copy under the lock.
+        with self._lock:
+            self.progress = dict(event)
+            self.progress_count += 1
+            self.recent.append(dict(event))
+
+    def snapshot(self) -> tuple[dict[str, Any], int, list[dict[str, Any]]]:
+        with self._lock:
+            return dict(self.progress), self.progress_count, list(self.recent)
+
+    def elapsed_s(self) -> float:
+        return round((self.ended_at or time.time()) - self.started_at, 3)
+
+    def join(self, timeout: float | None) -> bool:
+        return self.finished.wait(timeout)
+
+
+class JobManager:
+    """Jobs of one server. At most `max_running` at a time (each run spawns several rank processes)."""
+
+    def __init__(self, *, max_running: int = 1, keep_finished: int = 20):
+        self.max_running = max_running
+        self.keep_finished = keep_finished
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+
+    def running(self) -> list[Job]:
+        with self._lock:
+            return [j for j in self._jobs.values() if not j.finished.is_set()]
+
+    def start(self, run: RunFn, *, description: str) -> Job:
+        with self._lock:
+            busy = [j.id for j in self._jobs.values() if not j.finished.is_set()]
+            if len(busy) >= self.max_running:
+                raise JobError(f"a verification is already running ({', '.join(busy)}); wait for it with "
+                               "get_verification_status or stop it with cancel_verification")
+            job = Job(id=f"verify-{next(self._ids)}-{os.urandom(3).hex()}", description=description,
+                      started_at=time.time())
+            self._jobs[job.id] = job
+            self._forget_old()
+        thread = threading.Thread(target=self._run, args=(job, run), name=job.id, daemon=True)
+        job.thread = thread
+        thread.start()
+        return job
+
+    def _run(self, job: Job, run: RunFn) -> None:
+        try:
+            job.result = run(job.on_progress, job.cancel_event)
+            job.state = "cancelled" if job.cancel_event.is_set() else "succeeded"
+        except BaseException as exc:  # the thread must always end in a final state
+            job.error = f"{type(exc).__name__}: {exc}"
+            job.state = "cancelled" if job.cancel_event.is_set() else "failed"
+        finally:
+            job.ended_at = time.time()
+            job.finished.set()
+
+    def _forget_old(self) -> None:
+        done = [j for j in self._jobs.values() if j.finished.is_set()]
+        for j in done[: max(0, len(done) - self.keep_finished)]:
+            del self._jobs[j.id]
+
+    def get(self, job_id: str) -> Job:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            known = list(self._jobs)
+        if job is None:
+            raise JobError(f"no verification job {job_id!r}; known jobs: {', '.join(known) or 'none'}")
+        return job
+
+    def cancel(self, job_id: str, *, wait_s: float) -> Job:
+        job = self.get(job_id)
+        job.cancel_event.set()
+        job.join(wait_s)
+        return job
+
+    def shutdown(self, *, wait_s: float = 30.0) -> None:
+        """Cancel every running job and wait (bounded) for each to end."""
+        jobs = self.running()
+        for job in jobs:
+            job.cancel_event.set()
+        deadline = time.monotonic() + wait_s
+        for job in jobs:
+            job.join(max(0.0, deadline - time.monotonic()))
+
+
+def descendant_pids(pid: int | None = None) -> list[int]:
+    """Live descendants of `pid` (default: this process), read from /proc; [] where /proc is absent.
+
+    Zombies are left out: an exited child that its parent has not reaped yet runs nothing.
+    """
+    root = os.getpid() if pid is None else pid
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            continue  # exited while we looked
+        # comm may hold spaces or parentheses: the fields after the last ')' are fixed.
+        rest = stat[stat.rfind(")") + 2:].split()
+        state, ppid = rest[0], int(rest[1])
+        if state != "Z":
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return sorted(out)

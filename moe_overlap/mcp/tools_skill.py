@@ -1,0 +1,185 @@
+"""The knowledge tools: list_skills, get_skill_card, validate_config, generate_config, check_training_log,
+diagnose_failure, estimate_overlap_benefit. Thin: arguments in, one `skill/` call, result out.
+
+`skill/` modules are imported inside the handlers (start-up stays fast), except the two request models
+used as input schemas. Every anticipated error becomes a ToolError naming the field and the fix.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from moe_overlap.mcp import inputs as ins
+from moe_overlap.mcp.results import CardField, SkillInfo, SkillList
+from moe_overlap.mcp.safety import MAX_LOG_FILE_BYTES, AllowedRoots, read_text_file
+from moe_overlap.mcp.toolkit import ArgumentGuard, add_model_tool, annotations
+
+logger = logging.getLogger(__name__)
+READ_ONLY = dict(read_only=True, destructive=False, idempotent=True, open_world=False)
+
+
+def as_tool_error(exc: Exception, default_field: str) -> ToolError:
+    """A domain error (CardError, ConfigError, EstimateError, ValueError) as a ToolError with field and fix."""
+    field = getattr(exc, "field", None) or default_field
+    message = getattr(exc, "message", None) or str(exc)
+    if message.startswith(f"{field}: "):  # EstimateError's str() already leads with the field
+        message = message[len(field) + 2:]
+    message = message.rstrip()
+    parts = [f"`{field}`: {message}" + ("" if message.endswith((".", "!", "?")) else ".")]
+    fix = getattr(exc, "fix", None)
+    choices = getattr(exc, "choices", None)
+    if fix:
+        parts.append(f"Fix: {fix}.")
+    if choices:
+        shown = ", ".join(map(str, choices[:40])) + (" ..." if len(choices) > 40 else "")
+        parts.append(f"Valid choices: {shown}.")
+    if not fix and not choices:
+        parts.append(f"Fix: correct `{field}` and call again.")
+    return ToolError(" ".join(parts))
+
+
+def config_source(inp: Any, roots: AllowedRoots) -> Any:
+    """The config argument for validate/verify: a dict, or a Path checked against the allowed folders.
+
+    Text is parsed here, never handed on as a string: the config loaders treat a one-line string as a
+    file name, which would let a client read files outside the allowed folders.
+    """
+    if inp.config is not None:
+        return inp.config
+    if inp.config_path is not None:
+        return roots.resolve_file(inp.config_path, field="config_path")
+    if inp.config_text is not None:
+        from moe_overlap.skill.config_load import ConfigError, parse_text
+
+        try:
+            return parse_text(inp.config_text, name="config_text")
+        except ConfigError as exc:
+            raise as_tool_error(exc, "config_text") from None
+    return None
+
+
+def _model(dotted: str) -> Any:
+    module, _, name = dotted.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> None:
+    async def list_skills(inp: ins.ListSkillsInput, ctx: Context) -> SkillList:
+        from moe_overlap.skill import cards
+
+        try:
+            found = await anyio.to_thread.run_sync(cards.list_skills)
+        except cards.CardError as exc:
+            raise as_tool_error(exc, "card") from None
+        return SkillList(skills=[SkillInfo(
+            name=s.name, title=s.title, summary=s.summary, description=s.description,
+            validation_status=s.validation_status, skill_uri=f"skill://{s.name}/SKILL.md",
+            card_uri=f"skill://{s.name}/card.yaml") for s in found])
+
+    async def get_skill_card(inp: ins.GetSkillCardInput, ctx: Context) -> CardField:
+        from moe_overlap.skill import cards
+
+        try:
+            value = await anyio.to_thread.run_sync(cards.get_card_field, inp.name, inp.field)
+        except cards.CardError as exc:
+            field = "name" if inp.name not in cards.skill_names() else "field"
+            raise as_tool_error(exc, field) from None
+        return CardField(name=inp.name, field=inp.field, value=value)
+
+    async def validate_config(inp: ins.ValidateConfigInput, ctx: Context) -> Any:
+        from moe_overlap.skill import validate
+        from moe_overlap.skill.config_load import ConfigError
+
+        source = config_source(inp, roots)
+        try:
+            return await anyio.to_thread.run_sync(lambda: validate.validate_config(
+                source, overrides=tuple(inp.overrides), argv=inp.argv, torch_version=inp.torch_version,
+                te_version=inp.te_version, gpu=inp.gpu, megatron_core_version=inp.megatron_core_version,
+                env=inp.env))
+        except (ConfigError, ValueError) as exc:
+            raise as_tool_error(exc, "config") from None
+
+    async def generate_config(inp: Any, ctx: Context) -> Any:
+        from moe_overlap.skill import generate
+
+        try:
+            return await anyio.to_thread.run_sync(generate.generate_config, inp)
+        except ValueError as exc:
+            raise as_tool_error(exc, "request") from None
+
+    async def check_training_log(inp: ins.CheckLogInput, ctx: Context) -> Any:
+        from moe_overlap.skill import logs
+
+        text = inp.text
+        if inp.path is not None:
+            path = roots.resolve_file(inp.path, field="path")
+            # The tail: the effective config is printed early but failures and the last steps are at the end;
+            # beyond the limit the head is dropped and the result says so through the log checker's input.
+            text, _ = await anyio.to_thread.run_sync(
+                lambda: read_text_file(path, max_bytes=MAX_LOG_FILE_BYTES, keep="tail"))
+        try:
+            return await anyio.to_thread.run_sync(logs.check_training_log, text)
+        except ValueError as exc:
+            raise as_tool_error(exc, "text") from None
+
+    async def diagnose_failure(inp: ins.DiagnoseInput, ctx: Context) -> Any:
+        from moe_overlap.skill import diagnose
+
+        try:
+            return await anyio.to_thread.run_sync(lambda: diagnose.diagnose(inp.text, limit=inp.limit))
+        except ValueError as exc:
+            raise as_tool_error(exc, "text") from None
+
+    async def estimate_overlap_benefit(inp: Any, ctx: Context) -> Any:
+        from moe_overlap.skill import estimate
+
+        try:
+            return await anyio.to_thread.run_sync(estimate.estimate_overlap_benefit, inp)
+        except ValueError as exc:
+            raise as_tool_error(exc, "request") from None
+
+    # (tool, input model, result model, handler, title, description); "module:Name" models are the skill/
+    # request and result models, imported here because the schemas are built at registration.
+    specs = [
+        ("list_skills", ins.ListSkillsInput, SkillList, list_skills, "List skills",
+         "List the agent skills this server serves (name, summary, validation status, resource URIs)."),
+        ("get_skill_card", ins.GetSkillCardInput, CardField, get_skill_card, "Read a skill card",
+         "Return a skill card (constraints, failure modes, minimal example, evidence), whole or one dotted field."),
+        ("validate_config", ins.ValidateConfigInput, "moe_overlap.skill.validate:ValidationResult", validate_config,
+         "Validate a config",
+         "Check a training config (object, YAML/JSON text, Megatron-LM flags or a file) against every "
+         "EP-overlap constraint; returns findings with rule id, path, message, fix and source."),
+        ("generate_config", "moe_overlap.skill.generate:GenerateRequest", "moe_overlap.skill.generate:GenerateResult",
+         generate_config, "Generate a config",
+         "Generate a minimal working EP-overlap config (or a staged rollout) in the requested format; "
+         "the result is validated before it is returned."),
+        ("check_training_log", ins.CheckLogInput, "moe_overlap.skill.logs:LogCheckResult", check_training_log,
+         "Check a training log",
+         "Read a training log (text, or a file under an allowed folder): effective overlap settings, "
+         "warnings and failures, each with the rule or failure mode it matches."),
+        ("diagnose_failure", ins.DiagnoseInput, "moe_overlap.skill.diagnose:DiagnosisResult", diagnose_failure,
+         "Diagnose a failure",
+         "Match an error message or symptom to the card's failure modes, ranked, with how to confirm, "
+         "the fix and the rule ids."),
+        ("estimate_overlap_benefit", "moe_overlap.skill.estimate:EstimateRequest",
+         "moe_overlap.skill.estimate:EstimateResult", estimate_overlap_benefit, "Estimate the overlap gain",
+         "Predict the step-time gain of EP communication overlap for a MoE shape, EP degree and fabric, "
+         "with every assumption listed."),
+    ]
+    for name, model, result, handler, title, description in specs:
+        try:
+            model = _model(model) if isinstance(model, str) else model
+            result = _model(result) if isinstance(result, str) else result
+        except (ImportError, AttributeError) as exc:
+            # A partial install or a checkout mid-change: serve the other tools, say which one is missing.
+            logger.warning("tool %s not served: %s", name, exc)
+            continue
+        add_model_tool(server, guard, name=name, input_model=model, result_model=result, handler=handler,
+                       description=description, hints=annotations(title=title, **READ_ONLY))

@@ -1,0 +1,145 @@
+"""run_verification, get_verification_status, cancel_verification: verification runs behind job handles.
+
+The run itself is `moe_overlap.verify.api.run_verification` in a job thread (jobs.py); it launches only
+our own worker module with validated options, never a client-given command. Blocking calls poll the
+job and forward its progress; if the client cancels the request (or goes away), the job is cancelled
+and waited for, so its rank processes end with it. Torch-free: torch runs in the rank processes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from moe_overlap.mcp import inputs as ins
+from moe_overlap.mcp.jobs import Job, JobError, JobManager, descendant_pids
+from moe_overlap.mcp.results import VerificationStatus, bounded_report
+from moe_overlap.mcp.safety import AllowedRoots
+from moe_overlap.mcp.toolkit import ArgumentGuard, add_model_tool, annotations
+from moe_overlap.mcp.tools_skill import as_tool_error, config_source
+
+POLL_S = 0.25
+CANCEL_WAIT_S = 30.0
+
+
+def _progress_numbers(event: dict[str, Any], count: int) -> tuple[float, float | None, str]:
+    """(progress, total, message) for notifications/progress from one progress event of the run."""
+    message = str(event.get("message") or event.get("phase") or event.get("event") or "running")
+    for done_key, total_key in (("completed", "total"), ("step", "total_steps"), ("done", "total")):
+        if isinstance(event.get(done_key), int | float) and isinstance(event.get(total_key), int | float):
+            return float(event[done_key]), float(event[total_key]), message
+    if isinstance(event.get("fraction"), int | float):
+        return float(event["fraction"]), 1.0, message
+    return float(count), None, message  # monotonic, as the protocol requires
+
+
+def status_of(job: Job, *, with_children: bool = False) -> VerificationStatus:
+    progress, _, recent = job.snapshot()
+    report, cuts = (bounded_report(job.result) if job.result is not None else (None, []))
+    if job.state == "running":
+        nxt = f"call get_verification_status with job_id={job.id!r} in a few seconds, or cancel_verification"
+    elif job.state == "succeeded":
+        verdict = (report or {}).get("verdict")
+        nxt = ("verdict passed: enable the setting in the real job, then check its log with check_training_log"
+               if verdict == "passed" else
+               f"verdict {verdict}: read report.criteria and report.failure, then diagnose_failure on the message")
+    elif job.state == "cancelled":
+        nxt = "cancelled; start a new run with run_verification when ready"
+    else:
+        nxt = "the run could not start or crashed in the server: read `error`, fix the input, run again"
+    return VerificationStatus(job_id=job.id, state=job.state, elapsed_s=job.elapsed_s(), progress=progress,
+                              recent_progress=recent, report=report, error=job.error, truncated=cuts,
+                              live_child_processes=descendant_pids() if with_children else None, next_step=nxt)
+
+
+def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager,
+             runs_dir: Path) -> None:
+    def options_for(inp: ins.RunVerificationInput) -> Any:
+        from moe_overlap.verify.options import VerifyOptions
+
+        source = None
+        if any(x is not None for x in (inp.config, inp.config_text, inp.config_path)):
+            source = config_source(inp, roots)
+        out = runs_dir / f"run-{uuid.uuid4().hex[:12]}"
+        try:
+            return VerifyOptions(config=source, nproc=inp.nproc, device=inp.device, steps=inp.steps,
+                                 micro_batches=inp.micro_batches, modes=inp.modes, schedule=inp.schedule,
+                                 timeout_s=inp.timeout_s, out=out)
+        except ValueError as exc:
+            raise as_tool_error(exc, "options") from None
+
+    def start(inp: ins.RunVerificationInput) -> Job:
+        options = options_for(inp)
+
+        def run(progress, cancel):
+            from moe_overlap.verify.api import run_verification
+
+            return run_verification(options, progress=progress, cancel=cancel)
+
+        try:
+            return jobs.start(run, description=f"verify nproc={inp.nproc} steps={inp.steps} modes={inp.modes}")
+        except JobError as exc:
+            raise ToolError(f"`background`: {exc}.") from None
+
+    async def run_verification(inp: ins.RunVerificationInput, ctx: Context) -> VerificationStatus:
+        job = start(inp)
+        if inp.background:
+            return status_of(job)
+        seen = 0
+        try:
+            while not job.finished.is_set():
+                await anyio.sleep(POLL_S)
+                event, count, _ = job.snapshot()
+                if count != seen:
+                    seen = count
+                    done, total, message = _progress_numbers(event, count)
+                    await ctx.report_progress(done, total, message)
+        finally:
+            if not job.finished.is_set():
+                # The request was cancelled or the client went away: stop the run and its ranks before
+                # returning, shielded so the wait itself is not cancelled.
+                job.cancel_event.set()
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(job.join, CANCEL_WAIT_S)
+        return status_of(job)
+
+    async def get_verification_status(inp: ins.JobInput, ctx: Context) -> VerificationStatus:
+        try:
+            return status_of(jobs.get(inp.job_id))
+        except JobError as exc:
+            raise ToolError(f"`job_id`: {exc}. Fix: use the job_id that run_verification returned.") from None
+
+    async def cancel_verification(inp: ins.CancelInput, ctx: Context) -> VerificationStatus:
+        try:
+            job = jobs.get(inp.job_id)
+        except JobError as exc:
+            raise ToolError(f"`job_id`: {exc}. Fix: use the job_id that run_verification returned.") from None
+        job.cancel_event.set()
+        await anyio.to_thread.run_sync(job.join, inp.wait_s)
+        return status_of(job, with_children=True)
+
+    add_model_tool(server, guard, name="run_verification", input_model=ins.RunVerificationInput,
+                   result_model=VerificationStatus, handler=run_verification,
+                   description="Run A/B verification runs (baseline, overlap, overlap+wgrad) of the included MoE "
+                               "implementation on spawned local ranks: loss equality, completion, throughput. "
+                               "Blocking with progress, or background=true for a job handle.",
+                   # Writes a new report folder each call (not idempotent), deletes nothing, local only.
+                   hints=annotations(title="Run a verification", read_only=False, destructive=False,
+                                     idempotent=False, open_world=False))
+    add_model_tool(server, guard, name="get_verification_status", input_model=ins.JobInput,
+                   result_model=VerificationStatus, handler=get_verification_status,
+                   description="State, latest progress and (when finished) the report of a verification job.",
+                   hints=annotations(title="Verification status", read_only=True, destructive=False,
+                                     idempotent=True, open_world=False))
+    add_model_tool(server, guard, name="cancel_verification", input_model=ins.CancelInput,
+                   result_model=VerificationStatus, handler=cancel_verification,
+                   description="Cancel a verification job and wait until its rank processes are gone; "
+                               "live_child_processes lists any that remain ([] is clean).",
+                   # Stops a run (its partial results are lost): destructive; cancelling twice is harmless.
+                   hints=annotations(title="Cancel a verification", read_only=False, destructive=True,
+                                     idempotent=True, open_world=False))

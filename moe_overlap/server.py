@@ -1,0 +1,162 @@
+"""`moe-overlap-mcp`: the MCP server (wiring only; the logic lives in skill/ and verify/).
+
+    moe-overlap-mcp                                   # stdio (what desktop and CLI clients launch)
+    moe-overlap-mcp --transport streamable-http --port 8765          # http://127.0.0.1:8765/mcp
+    moe-overlap-mcp --allowed-dir ~/runs --allowed-dir ~/configs     # folders tools may read files from
+
+Serves the skill files as resources (skill://...), the docs and JSON schemas, the tools listed in
+docs/mcp.md, the `enable-ep-overlap` prompt, and the skills extension (skills/list, skills/get).
+Start-up imports no torch and prints nothing on stdout: in stdio mode stdout carries only JSON-RPC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.resources import FileResource
+from mcp.server.transport_security import TransportSecuritySettings
+
+from moe_overlap import __version__
+from moe_overlap.mcp import prompts, resources, tools_skill, tools_verify
+from moe_overlap.mcp.jobs import JobManager
+from moe_overlap.mcp.safety import AllowedRoots
+from moe_overlap.mcp.skills_ext import SkillsExtension
+from moe_overlap.mcp.toolkit import ArgumentGuard
+
+NAME = "moe-overlap"
+SKILL = "perf-expert-parallel-overlap"
+INSTRUCTIONS = f"""Tools and knowledge for MoE expert-parallel (EP) communication overlap in Megatron \
+training (overlap_moe_expert_parallel_comm, delay_wgrad_compute, flex dispatcher).
+Start with skill://{SKILL}/SKILL.md (or the prompt `enable-ep-overlap`). Typical flow: validate_config -> \
+generate_config when needed -> run_verification (background=true for long runs, then \
+get_verification_status) -> check_training_log on the real job's log. diagnose_failure explains an error; \
+estimate_overlap_benefit predicts the gain. File paths must lie inside the server's allowed folders."""
+LOOPBACK_NAMES = ("localhost",)
+
+
+@dataclass
+class ServerOptions:
+    allowed_dirs: list[str] = field(default_factory=lambda: [os.getcwd()])
+    runs_dir: str | None = None  # verification output folders; default: a fresh temp folder
+    max_running_jobs: int = 1
+    log_level: str = "WARNING"
+
+
+def build_server(options: ServerOptions | None = None) -> MCPServer:
+    """The configured server (no transport started): used by main() and by in-process tests."""
+    options = options or ServerOptions()
+    roots = AllowedRoots.from_paths(options.allowed_dirs)
+    runs_dir = Path(options.runs_dir or tempfile.mkdtemp(prefix="moe-overlap-mcp-runs-"))
+    jobs = JobManager(max_running=options.max_running_jobs)
+
+    @asynccontextmanager
+    async def lifespan(_server: MCPServer) -> AsyncIterator[dict]:
+        try:
+            yield {}
+        finally:
+            # The client went away (stdin closed, session ended): no verification may outlive it.
+            jobs.shutdown(wait_s=30)
+
+    guard = ArgumentGuard()
+    skills = resources.skill_folders()
+    server = MCPServer(NAME, title="MoE EP-overlap skill", version=__version__, instructions=INSTRUCTIONS,
+                       website_url=None, lifespan=lifespan, middleware=[guard],
+                       extensions=[SkillsExtension(skills)], log_level=options.log_level)  # type: ignore[arg-type]
+    for entry in resources.registry():
+        server.add_resource(FileResource(uri=entry.uri, name=entry.name, description=entry.description,
+                                         mime_type=entry.mime_type, path=entry.path, encoding="utf-8"))
+    tools_skill.register(server, guard, roots)
+    tools_verify.register(server, guard, roots, jobs, runs_dir)
+    prompts.register(server)
+    server.jobs = jobs  # type: ignore[attr-defined]  # tests and main() reach the job manager here
+    return server
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def transport_security(host: str, port: int, extra_hosts: list[str]) -> TransportSecuritySettings:
+    """DNS-rebinding protection always on: only these Host / Origin headers are served."""
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    for h in ([] if is_loopback(host) else [host]) + extra_hosts:
+        hosts.append(f"{h}:*")
+        origins += [f"http://{h}:*", f"https://{h}:*"]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                     allowed_origins=origins)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="moe-overlap-mcp", description=__doc__.split("\n")[0])
+    ap.add_argument("--version", action="version", version=f"moe-overlap-mcp {__version__}")
+    ap.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio")
+    ap.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    ap.add_argument("--allow-remote", action="store_true",
+                    help="allow binding a non-loopback address (the server has no authentication)")
+    ap.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                    help="extra Host header name accepted over HTTP (DNS-rebinding protection)")
+    ap.add_argument("--allowed-dir", action="append", default=None, metavar="DIR",
+                    help="folder tools may read config and log files from (repeatable; default: the current folder)")
+    ap.add_argument("--runs-dir", default=None, help="where verification runs write (default: a temp folder)")
+    ap.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                    help="server log level (logs go to stderr)")
+    return ap
+
+
+def _terminate_on_sigterm() -> None:
+    # SIGTERM (what clients send on shutdown) unwinds like Ctrl-C, so the lifespan's job shutdown runs.
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.transport == "streamable-http" and not is_loopback(args.host) and not args.allow_remote:
+        print(f"moe-overlap-mcp: refusing to bind {args.host}: not a loopback address. The server has no "
+              "authentication; pass --allow-remote to bind it anyway.", file=sys.stderr)
+        return 2
+    try:
+        server = build_server(ServerOptions(allowed_dirs=args.allowed_dir or [os.getcwd()], runs_dir=args.runs_dir,
+                                            log_level=args.log_level))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"moe-overlap-mcp: {exc}", file=sys.stderr)
+        return 2
+    _terminate_on_sigterm()
+    try:
+        if args.transport == "stdio":
+            server.run("stdio")
+        else:
+            if not is_loopback(args.host):
+                print(f"moe-overlap-mcp: WARNING: serving on {args.host}:{args.port} without authentication; "
+                      "anyone who can reach it can run verifications and read files under the allowed folders.",
+                      file=sys.stderr)
+            server.run("streamable-http", host=args.host, port=args.port,
+                       transport_security=transport_security(args.host, args.port, args.allowed_host))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.jobs.shutdown(wait_s=30)  # type: ignore[attr-defined]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

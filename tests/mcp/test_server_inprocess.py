@@ -1,0 +1,130 @@
+"""The server driven in process with `mcp.Client`, under both protocol generations the SDK offers."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from moe_overlap import paths
+from moe_overlap.mcp.skills_ext import (
+    IDENTIFIER,
+    GetSkillParams,
+    GetSkillRequest,
+    GetSkillResult,
+    ListSkillsRequest,
+    ListSkillsResult,
+)
+from tests.mcp.conftest import PROTOCOL_MODES, connect, text_of
+
+pytestmark = pytest.mark.anyio
+SKILL = "perf-expert-parallel-overlap"
+TOOLS = {"list_skills", "get_skill_card", "validate_config", "generate_config", "run_verification",
+         "get_verification_status", "cancel_verification", "check_training_log", "diagnose_failure",
+         "estimate_overlap_benefit"}
+READ_ONLY_TOOLS = TOOLS - {"run_verification", "cancel_verification"}
+
+
+@pytest.mark.parametrize("mode", PROTOCOL_MODES)
+async def test_handshake_and_tool_listing(server, mode):
+    async with connect(server, mode) as client:
+        assert client.protocol_version == ("2025-11-25" if mode == "legacy" else mode)
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert set(tools) == TOOLS
+    for name, tool in tools.items():
+        hints = tool.annotations
+        assert hints is not None, name
+        flags = (hints.read_only_hint, hints.destructive_hint, hints.idempotent_hint, hints.open_world_hint)
+        assert None not in flags, f"{name}: every hint set explicitly"
+        assert hints.read_only_hint is (name in READ_ONLY_TOOLS), name
+        assert hints.open_world_hint is False, name
+        assert tool.output_schema and tool.output_schema.get("type") == "object", name
+        assert tool.description, name
+        for prop, schema in tool.input_schema.get("properties", {}).items():
+            assert schema.get("description"), f"{name}.{prop} has no description"
+    assert tools["cancel_verification"].annotations.destructive_hint is True
+    assert tools["run_verification"].annotations.idempotent_hint is False
+
+
+async def test_extension_and_instructions(server):
+    caps = server._lowlevel_server.get_capabilities(protocol_version="2026-07-28")
+    assert IDENTIFIER in (caps.extensions or {})
+    async with connect(server, "legacy") as client:
+        assert client.server_info.name == "moe-overlap"
+        assert f"skill://{SKILL}/SKILL.md" in client.instructions
+
+
+@pytest.mark.parametrize("mode", PROTOCOL_MODES)
+async def test_resources_fixed_order_and_reads(server, mode):
+    async with connect(server, mode) as client:
+        listed = (await client.list_resources()).resources
+        again = (await client.list_resources()).resources
+        uris = [str(r.uri) for r in listed]
+        assert uris == [str(r.uri) for r in again]
+        assert uris[:2] == [f"skill://{SKILL}/SKILL.md", f"skill://{SKILL}/card.yaml"]
+        mimes = {str(r.uri): r.mime_type for r in listed}
+        assert mimes[uris[0]] == "text/markdown" and mimes[uris[1]] == "application/yaml"
+        groups = [u.split("://")[0] + ("/docs" if "/docs/" in u else "/schemas" if "schemas/" in u else "")
+                  for u in uris]
+        assert groups == sorted(groups, key=["skill", "moe-overlap/docs", "moe-overlap/schemas"].index)
+        assert any(u.startswith("moe-overlap://schemas/") for u in uris)
+        assert any(u.startswith("moe-overlap://docs/") for u in uris)
+        body = (await client.read_resource(uris[0])).contents[0].text
+        assert body == (paths.skills_dir() / SKILL / "SKILL.md").read_text(encoding="utf-8")
+        for bad in (f"skill://{SKILL}/../../pyproject.toml", "file:///etc/passwd", f"skill://{SKILL}/nope.md"):
+            with pytest.raises(MCPError):
+                await client.read_resource(bad)
+
+
+@pytest.mark.parametrize("mode", PROTOCOL_MODES)
+async def test_skills_list_and_get(server, mode):
+    async with connect(server, mode) as client:
+        listing = await client.session.send_request(ListSkillsRequest(), ListSkillsResult)
+        [skill] = [s for s in listing.skills if s.frontmatter.get("name") == SKILL]
+        assert skill.uri == f"skill://{SKILL}/SKILL.md"
+        assert skill.resources[0].uri == skill.uri
+        for res in skill.resources:
+            rel = res.uri.removeprefix(f"skill://{SKILL}/")
+            data = (paths.skills_dir() / SKILL / rel).read_bytes()
+            assert res.digest == "sha256:" + hashlib.sha256(data).hexdigest() and res.size == len(data)
+        got = await client.session.send_request(GetSkillRequest(params=GetSkillParams(uri=skill.uri)), GetSkillResult)
+        assert got.skill == skill
+        with pytest.raises(MCPError) as err:
+            await client.session.send_request(
+                GetSkillRequest(params=GetSkillParams(uri="skill://nope/SKILL.md")), GetSkillResult)
+        assert err.value.error.code == -32602
+
+
+@pytest.mark.parametrize("mode", PROTOCOL_MODES)
+async def test_prompt(server, mode):
+    async with connect(server, mode) as client:
+        prompts = {p.name: p for p in (await client.list_prompts()).prompts}
+        assert "enable-ep-overlap" in prompts
+        got = await client.get_prompt("enable-ep-overlap", {"config": "config.yaml", "ep": "8"})
+    text = got.messages[0].content.text
+    order = [text.index(tool) for tool in ("validate_config", "generate_config", "run_verification",
+                                           "check_training_log")]
+    assert order == sorted(order) and "config.yaml" in text
+
+
+@pytest.mark.parametrize("mode", PROTOCOL_MODES)
+async def test_card_tools(server, mode):
+    async with connect(server, mode) as client:
+        listed = await client.call_tool("list_skills", {})
+        assert not listed.is_error, text_of(listed)
+        assert [s["name"] for s in listed.structured_content["skills"]] == [SKILL]
+        whole = await client.call_tool("get_skill_card", {})
+        assert whole.structured_content["value"]["name"] == SKILL
+        one = await client.call_tool("get_skill_card", {"field": "constraints.ep-size-gt-1.severity"})
+        assert one.structured_content["value"] == "error"
+
+
+@pytest.mark.parametrize("mode", PROTOCOL_MODES)
+async def test_estimate(server, mode):
+    args = {"hidden": 4096, "moe_ffn": 1536, "experts": 64, "topk": 8, "tokens": 4096, "ep": 8,
+            "micro_batches": 4, "fabric": "h100-nvlink+ib-400g", "gpu_preset": "h100"}
+    async with connect(server, mode) as client:
+        res = await client.call_tool("estimate_overlap_benefit", args)
+    assert not res.is_error, text_of(res)
+    assert res.structured_content  # validated against the output schema by the client
