@@ -1,0 +1,99 @@
+"""Megatron-LM command-line flags (``pretrain_gpt.py --overlap-moe-expert-parallel-comm ...``) -> config sections.
+
+Only the flags the EP-overlap rules read are mapped; any other flag is kept and reported (info), with a
+did-you-mean when it is close to a known one. Flag names follow Megatron-LM's ``arguments.py``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from moe_overlap.skill.config_load import ConfigError
+
+# flag -> (section, field, kind). kind: "true"/"false" (store_true / store_false), "int", "str", "list".
+FLAGS: dict[str, tuple[str, str, str]] = {
+    "--overlap-moe-expert-parallel-comm": ("comm_overlap", "overlap_moe_expert_parallel_comm", "true"),
+    "--delay-wgrad-compute": ("comm_overlap", "delay_wgrad_compute", "true"),
+    "--expert-model-parallel-size": ("model", "expert_model_parallel_size", "int"),
+    "--num-experts": ("model", "num_moe_experts", "int"),
+    "--moe-token-dispatcher-type": ("model", "moe_token_dispatcher_type", "str"),
+    "--moe-flex-dispatcher-backend": ("model", "moe_flex_dispatcher_backend", "str"),
+    "--moe-enable-deepep": ("model", "moe_enable_deepep", "true"),
+    "--bf16": ("model", "bf16", "true"),
+    "--fp16": ("model", "fp16", "true"),
+    "--tensor-model-parallel-size": ("model", "tensor_model_parallel_size", "int"),
+    "--pipeline-model-parallel-size": ("model", "pipeline_model_parallel_size", "int"),
+    "--virtual-pipeline-model-parallel-size": ("model", "virtual_pipeline_model_parallel_size", "int"),
+    "--num-layers-per-virtual-pipeline-stage": ("model", "num_layers_per_virtual_pipeline_stage", "int"),
+    "--context-parallel-size": ("model", "context_parallel_size", "int"),
+    "--recompute-granularity": ("model", "recompute_granularity", "str"),
+    "--recompute-method": ("model", "recompute_method", "str"),
+    "--recompute-num-layers": ("model", "recompute_num_layers", "int"),
+    "--recompute-modules": ("model", "recompute_modules", "list"),
+    "--moe-shared-expert-overlap": ("model", "moe_shared_expert_overlap", "true"),
+    "--moe-shared-expert-intermediate-size": ("model", "moe_shared_expert_intermediate_size", "int"),
+    "--mtp-num-layers": ("model", "mtp_num_layers", "int"),
+    "--cuda-graph-impl": ("model", "cuda_graph_impl", "str"),
+    "--cuda-graph-scope": ("model", "cuda_graph_scope", "list"),
+    "--cuda-graph-modules": ("model", "cuda_graph_modules", "list"),
+    "--fine-grained-activation-offloading": ("model", "fine_grained_activation_offloading", "true"),
+    "--offload-modules": ("model", "offload_modules", "list"),
+    "--moe-grouped-gemm": ("model", "moe_grouped_gemm", "true"),
+    "--moe-use-legacy-grouped-gemm": ("model", "moe_use_legacy_grouped_gemm", "true"),
+    "--no-gradient-accumulation-fusion": ("model", "gradient_accumulation_fusion", "false"),
+    "--disable-bias-linear": ("model", "add_bias_linear", "false"),
+    "--add-qkv-bias": ("model", "add_qkv_bias", "true"),
+    "--overlap-grad-reduce": ("ddp", "overlap_grad_reduce", "true"),
+    "--overlap-param-gather": ("ddp", "overlap_param_gather", "true"),
+    "--use-distributed-optimizer": ("ddp", "use_distributed_optimizer", "true"),
+    "--micro-batch-size": ("train", "micro_batch_size", "int"),
+    "--global-batch-size": ("train", "global_batch_size", "int"),
+    "--data-parallel-size": ("train", "data_parallel_size", "int"),
+}
+
+
+def _int(flag: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{flag} expects an integer, got {value!r}", field=flag) from None
+
+
+def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
+    """Megatron-LM flags -> ({section: {field: value}}, [(flag, note)] for flags we do not read)."""
+    tokens = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    sections: dict[str, dict[str, Any]] = {}
+    unknown: list[tuple[str, str]] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        if not tok.startswith("--"):
+            continue  # the script name, or a positional: not ours to read
+        flag, eq, inline = tok.partition("=")
+        values: list[str] = [inline] if eq else []
+        while not eq and i < len(tokens) and not tokens[i].startswith("--"):
+            values.append(tokens[i])
+            i += 1
+        spec = FLAGS.get(flag)
+        if spec is None:
+            close = difflib.get_close_matches(flag, FLAGS, n=1, cutoff=0.8)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            unknown.append((flag, f"Megatron-LM flag {flag} is not read by the validator{hint}"))
+            continue
+        section, field, kind = spec
+        if kind in ("true", "false"):
+            if values:
+                raise ConfigError(f"{flag} is a switch and takes no value, got {' '.join(values)!r}", field=flag)
+            value: Any = kind == "true"
+        elif kind == "list":
+            value = values
+        else:
+            if len(values) != 1:
+                raise ConfigError(f"{flag} expects one value, got {len(values)}", field=flag)
+            value = _int(flag, values[0]) if kind == "int" else values[0]
+        sections.setdefault(section, {})[field] = value
+    return sections, unknown

@@ -1,0 +1,307 @@
+"""The EP-overlap training config: one pydantic model fed from YAML/JSON, dicts, dotted overrides or Megatron-LM argv.
+
+Sections and field names are Megatron-Bridge's ``ConfigContainer`` ones (``model:``, ``comm_overlap:``,
+``ddp:``, ``train:``); field names inside ``model:`` are Megatron-Core ``TransformerConfig`` names.
+Unknown keys are kept (each section allows extras) and reported as info notes with a did-you-mean.
+A ``comm_overlap`` value that is set overrides the model's (and ddp's), as Bridge's ``CommOverlapConfig`` does.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from moe_overlap.skill.argv import parse_argv
+from moe_overlap.skill.config_load import ConfigError, parse_text, read_file
+
+__all__ = ["ConfigError", "ConfigNote", "OverlapConfig", "parse_config", "effective_values"]
+
+DispatcherType = Literal["allgather", "alltoall", "flex"]
+FlexBackend = Literal["deepep", "hybridep", "ncclep"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="allow", validate_assignment=False)
+
+
+class ModelSection(_Section):
+    """Model-parallel and MoE fields (Megatron-Core ``TransformerConfig`` names)."""
+
+    overlap_moe_expert_parallel_comm: bool = False
+    delay_wgrad_compute: bool = False
+    expert_model_parallel_size: int = Field(1, ge=1, description="EP size")
+    num_moe_experts: int | None = Field(None, ge=0, description="experts per MoE layer")
+    moe_token_dispatcher_type: DispatcherType = "allgather"
+    moe_flex_dispatcher_backend: FlexBackend | None = Field(None, description="None: not set")
+    moe_enable_deepep: bool = Field(False, description="deprecated: flex + deepep")
+    bf16: bool = False
+    fp16: bool = False
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    virtual_pipeline_model_parallel_size: int | None = Field(None, ge=1)
+    num_layers_per_virtual_pipeline_stage: int | None = Field(None, ge=1)
+    context_parallel_size: int = Field(1, ge=1)
+    recompute_granularity: Literal["full", "selective"] | None = None
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: int | None = Field(None, ge=0)
+    recompute_modules: list[str] | None = None
+    moe_shared_expert_overlap: bool = False
+    moe_shared_expert_intermediate_size: int | None = Field(None, ge=1)
+    mtp_num_layers: int | None = Field(None, ge=0)
+    cuda_graph_impl: Literal["none", "local", "transformer_engine"] = "none"
+    cuda_graph_scope: list[str] | None = Field(
+        None, description="megatron-core <= 0.17 name; `cuda_graph_modules` from 0.18 (both accepted)")
+    fine_grained_activation_offloading: bool = False
+    offload_modules: list[str] | None = None
+    moe_grouped_gemm: bool = True
+    moe_use_legacy_grouped_gemm: bool = False
+    gradient_accumulation_fusion: bool | None = Field(
+        None, description="None: not set (Bridge and Megatron-LM turn it on when TE is present)")
+    add_bias_linear: bool = True
+    add_qkv_bias: bool = False
+
+    @field_validator("cuda_graph_scope", "recompute_modules", "offload_modules", mode="before")
+    @classmethod
+    def _comma_string_to_list(cls, value: Any) -> Any:
+        # Megatron accepts "attn,moe_router" as well as a list; "full" is the old spelling of "whole layer".
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
+class CommOverlapSection(_Section):
+    """Bridge ``CommOverlapConfig``: a value set here overrides the model's / ddp's."""
+
+    overlap_moe_expert_parallel_comm: bool | None = None
+    delay_wgrad_compute: bool | None = None
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
+    tp_comm_overlap: bool | None = None
+    data_parallel_size: int | None = Field(None, ge=1)
+
+
+class DdpSection(_Section):
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    use_distributed_optimizer: bool = False
+
+
+class TrainSection(_Section):
+    global_batch_size: int | None = Field(None, ge=1)
+    micro_batch_size: int | None = Field(None, ge=1)
+    data_parallel_size: int | None = Field(None, ge=1, description="not a Bridge field: lets the validator "
+                                           "count micro-batches per data-parallel rank")
+
+
+class ConfigNote(BaseModel):
+    """Something the parser did or noticed (unknown key, renamed field, derived value): reported as info."""
+
+    kind: Literal["unknown-key", "renamed-field", "derived-value"]
+    path: str
+    message: str
+
+
+class OverlapConfig(BaseModel):
+    """An EP-overlap training config in Megatron-Bridge ConfigContainer layout (other sections kept as-is)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    comm_overlap: CommOverlapSection = Field(default_factory=CommOverlapSection)
+    ddp: DdpSection = Field(default_factory=DdpSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    mixed_precision: str | dict[str, Any] | None = Field(
+        None, description='Bridge mixed-precision recipe, e.g. "bf16_mixed" (sets model.bf16)')
+
+    _notes: list[ConfigNote] = PrivateAttr(default_factory=list)
+
+    @property
+    def notes(self) -> list[ConfigNote]:
+        return self._notes
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    "model": ModelSection, "comm_overlap": CommOverlapSection, "ddp": DdpSection, "train": TrainSection,
+}
+# Other Bridge ConfigContainer sections: kept, never read, not worth a note.
+QUIET_SECTIONS = {"optimizer", "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "rng",
+                  "rerun_state_machine", "profiling", "peft", "ft", "straggler", "nvrx_straggler",
+                  "inprocess_restart", "mixed_precision"}
+RENAMED = {"cuda_graph_modules": "cuda_graph_scope"}  # later Megatron-Core name -> our canonical name
+
+
+def _did_you_mean(key: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _section_of(field: str) -> str | None:
+    for name, model in SECTIONS.items():
+        if field in model.model_fields or (name == "model" and field in RENAMED):
+            return name
+    return None
+
+
+def _normalise(raw: Mapping[Any, Any], notes: list[ConfigNote]) -> dict[str, Any]:
+    """Place top-level field names into their section, rename old/new names, note unknown keys."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"top-level key {key!r} is a {type(key).__name__}; keys must be strings", field=str(key))
+        if key in SECTIONS:
+            if value is None:
+                value = {}
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{key}: must be a mapping of fields, got a {type(value).__name__}", field=key)
+            out.setdefault(key, {}).update(value)
+        elif (section := _section_of(key)) is not None:
+            out.setdefault(section, {})[key] = value
+            notes.append(ConfigNote(kind="derived-value", path=f"{section}.{key}",
+                                    message=f"top-level key {key!r} read as {section}.{key}"))
+        else:
+            out[key] = value
+            if key not in QUIET_SECTIONS:
+                notes.append(ConfigNote(kind="unknown-key", path=key, message=(
+                    f"unknown top-level key {key!r} kept, not read{_did_you_mean(key, list(SECTIONS))}")))
+    for section, model in SECTIONS.items():
+        fields = out.get(section)
+        if not fields:
+            continue
+        for key in list(fields):
+            if not isinstance(key, str):
+                raise ConfigError(f"{section}: key {key!r} is a {type(key).__name__}; keys must be strings",
+                                  field=f"{section}.{key}")
+            if key in RENAMED and section == "model":
+                new = RENAMED[key]
+                if new in fields and fields[new] != fields[key]:
+                    raise ConfigError(f"model.{key} and model.{new} are the same setting with different values",
+                                      field=f"model.{key}", fix=f"keep only one of {key} / {new}")
+                fields[new] = fields.pop(key)
+                notes.append(ConfigNote(kind="renamed-field", path=f"model.{key}", message=(
+                    f"model.{key} (megatron-core >= 0.18 name) read as model.{new} (<= 0.17 name); "
+                    "both are accepted")))
+            elif key not in model.model_fields:
+                other = _section_of(key)
+                hint = (f" (it belongs in {other}:)" if other and other != section
+                        else _did_you_mean(key, list(model.model_fields)))
+                notes.append(ConfigNote(kind="unknown-key", path=f"{section}.{key}",
+                                        message=f"unknown key {section}.{key} kept, not read{hint}"))
+    return out
+
+
+def _apply_override(data: dict[str, Any], item: str) -> None:
+    key, eq, text = item.partition("=")
+    key = key.strip()
+    if not eq or not key:
+        raise ConfigError(f"override {item!r} is not KEY=VALUE", fix="e.g. --set comm_overlap.delay_wgrad_compute=true")
+    parts = key.split(".")
+    if len(parts) == 1 and (section := _section_of(key)) is not None:
+        parts = [section, key]
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text  # a plain string the YAML scanner dislikes, e.g. "a: b"
+    node = data
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {key}: {part} is not a section", field=key)
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _load(source: Any) -> dict[str, Any]:
+    if isinstance(source, Mapping):
+        return dict(source)
+    if isinstance(source, OverlapConfig):
+        return source.model_dump(exclude_unset=True)
+    if isinstance(source, Path):
+        return read_file(source)
+    if isinstance(source, str):
+        # One short line that is not "key: value" is a file name; anything else is YAML text.
+        if source.strip() and "\n" not in source and ": " not in source and len(source) < 4096:
+            return read_file(Path(source))
+        return parse_text(source)
+    raise ConfigError(f"config must be a mapping, a path or YAML text, got a {type(source).__name__}")
+
+
+def _validation_error(exc: ValidationError) -> ConfigError:
+    err = exc.errors()[0]
+    path = ".".join(str(p) for p in err["loc"])
+    value = err.get("input")
+    ctx = err.get("ctx") or {}
+    if err["type"] == "literal_error":
+        choices = [c.strip().strip("'") for c in str(ctx.get("expected", "")).replace(" or ", ", ").split(",")]
+        hint = _did_you_mean(str(value), choices) if isinstance(value, str) else ""
+        return ConfigError(f"{path}: {value!r} is not one of {', '.join(choices)}{hint}", field=path, choices=choices)
+    shown = repr(value) if len(repr(value)) < 80 else repr(value)[:77] + "..."
+    return ConfigError(f"{path}: {err['msg'].lower()}, got {shown}", field=path)
+
+
+def parse_config(source: Any = None, overrides: Sequence[str] = (), *,
+                 argv: str | Sequence[str] | None = None) -> OverlapConfig:
+    """Parse a config from a dict / path / YAML text, then Megatron-LM `argv`, then dotted `overrides` (last wins).
+
+    Raises ConfigError (one message naming the field) on any bad input.
+    """
+    notes: list[ConfigNote] = []
+    data: dict[str, Any] = _load(source) if source is not None else {}
+    if argv:
+        sections, unknown = parse_argv(argv)
+        for section, fields in sections.items():
+            target = data.setdefault(section, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"{section}: must be a mapping of fields", field=section)
+            target.update(fields)
+        notes.extend(ConfigNote(kind="unknown-key", path=flag, message=msg) for flag, msg in unknown)
+    for item in overrides:
+        _apply_override(data, item)
+    normalised = _normalise(data, notes)
+    try:
+        cfg = OverlapConfig.model_validate(normalised)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    cfg._notes = notes
+    return cfg
+
+
+def effective_values(cfg: OverlapConfig) -> tuple[dict[str, Any], dict[str, str]]:
+    """The values the rules read, after Bridge's precedence, and the dotted path each one came from."""
+    values: dict[str, Any] = {}
+    paths: dict[str, str] = {}
+    for name in ModelSection.model_fields:
+        values[name] = getattr(cfg.model, name)
+        paths[name] = f"model.{name}"
+    for name in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"):
+        override = getattr(cfg.comm_overlap, name)
+        if override is not None:
+            values[name] = override
+        if override is not None or name not in cfg.model.model_fields_set:
+            paths[name] = f"comm_overlap.{name}"
+    for name in ("overlap_grad_reduce", "overlap_param_gather"):
+        override = getattr(cfg.comm_overlap, name)
+        values[name] = override if override is not None else getattr(cfg.ddp, name)
+        paths[name] = f"comm_overlap.{name}" if override is not None else f"ddp.{name}"
+    mp = cfg.mixed_precision
+    if isinstance(mp, str) and not (values["bf16"] or values["fp16"]):
+        values["bf16"] = values["bf16"] or "bf16" in mp
+        values["fp16"] = values["fp16"] or ("fp16" in mp and "bf16" not in mp)
+    elif isinstance(mp, dict):
+        values["bf16"] = values["bf16"] or bool(mp.get("bf16"))
+        values["fp16"] = values["fp16"] or bool(mp.get("fp16"))
+    if values["moe_enable_deepep"] and values["moe_flex_dispatcher_backend"] is None:
+        values["moe_flex_dispatcher_backend"] = "deepep"  # what Megatron-Core does with the deprecated switch
+    if values["virtual_pipeline_model_parallel_size"] is None and values["num_layers_per_virtual_pipeline_stage"]:
+        values["virtual_pipeline_model_parallel_size"] = "derived"  # Megatron-LM derives VPP from this flag
+        paths["virtual_pipeline_model_parallel_size"] = "model.num_layers_per_virtual_pipeline_stage"
+    values["global_batch_size"] = cfg.train.global_batch_size
+    values["micro_batch_size"] = cfg.train.micro_batch_size
+    values["data_parallel_size"] = cfg.train.data_parallel_size or cfg.comm_overlap.data_parallel_size
+    paths.update(global_batch_size="train.global_batch_size", micro_batch_size="train.micro_batch_size",
+                 data_parallel_size="train.data_parallel_size")
+    return values, paths

@@ -1,0 +1,108 @@
+"""A rule is data: id, severity, the keys it reads, a check, a message, a fix, a source and version bounds.
+
+Rule ids are the card's constraint ids (skills/perf-expert-parallel-overlap/card.yaml); a test checks both
+directions. The rule tables live in rules_overlap.py, rules_wgrad.py and rules_flex.py.
+
+A check returns ``None`` (holds), a dict of values for the message (violated), or ``Unchecked(reason)``
+when a fact it needs (a version, the GPU) is unknown: that becomes a warning, never a silent pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from moe_overlap.skill.environment import Environment
+
+Severity = Literal["error", "warning", "info"]
+Release = tuple[int, int]
+
+CORE_SRC = "Megatron-Core megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__"
+BRIDGE_SRC = "Megatron-Bridge src/megatron/bridge/training/comm_overlap.py, CommOverlapConfig"
+FLEX_SRC = "Megatron-Bridge src/megatron/bridge/training/flex_dispatcher_backend.py"
+
+
+@dataclass(frozen=True)
+class Unchecked:
+    """The rule applies but cannot be decided: `reason` names the missing fact and how to give it."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What a check sees: effective config values, where each came from, the environment, the rule set."""
+
+    values: Mapping[str, Any]
+    paths: Mapping[str, str]
+    env: Environment
+    core: Release
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @property
+    def overlap(self) -> bool:
+        return bool(self.values["overlap_moe_expert_parallel_comm"])
+
+    @property
+    def wgrad(self) -> bool:
+        return bool(self.values["delay_wgrad_compute"])
+
+
+Check = Callable[[Ctx], "dict[str, Any] | Unchecked | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One constraint. `holds` is the Megatron-Core release range the rule is part of the rule set for;
+    `core` the range in which Core's own TransformerConfig enforces it (None: never, a Bridge/advice rule);
+    `bridge` whether Megatron-Bridge enforces it (it runs before Core, so it may be stricter)."""
+
+    id: str
+    severity: Severity
+    reads: tuple[str, ...]
+    check: Check
+    message: str  # str.format template over the config values and the check's dict
+    fix: str
+    source: str
+    holds: tuple[Release, Release] = ((0, 0), (99, 99))
+    core: tuple[Release, Release] | None = None
+    bridge: bool = False
+    extra_keys: tuple[str, ...] = field(default=())
+
+    def applies_to(self, line: Release) -> bool:
+        return self.holds[0] <= line <= self.holds[1]
+
+    def core_checked(self, line: Release) -> bool:
+        return self.core is not None and self.core[0] <= line <= self.core[1]
+
+    def path(self, ctx: Ctx) -> str:
+        """The config path a user edits to fix it: the first key it reads."""
+        return ctx.paths.get(self.reads[0], self.reads[0])
+
+
+def all_rules() -> tuple[Rule, ...]:
+    """Every rule of every family, in card order."""
+    from moe_overlap.skill.rules_flex import RULES as FLEX
+    from moe_overlap.skill.rules_overlap import RULES as OVERLAP
+    from moe_overlap.skill.rules_wgrad import RULES as WGRAD
+
+    return OVERLAP + WGRAD + FLEX
+
+
+def rules_for(line: Release) -> tuple[Rule, ...]:
+    return tuple(r for r in all_rules() if r.applies_to(line))
+
+
+def needs_version(name: str, version: str | None, minimum: str, why: str) -> Unchecked | bool:
+    """True when `version` >= `minimum`, False when below, Unchecked when unknown."""
+    from moe_overlap.skill.versions import at_least
+
+    ok = at_least(version, minimum)
+    if ok is None:
+        flag = "--torch-version" if name == "torch" else "--te-version"
+        return Unchecked(f"{name} version unknown, so '{why}' (needs {name} >= {minimum}) could not be checked; "
+                         f"give {flag} V")
+    return ok

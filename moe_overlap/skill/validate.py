@@ -1,0 +1,118 @@
+"""validate_config: parse a config, run every rule of the selected Megatron-Core rule set, report findings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from moe_overlap.skill.config import effective_values, parse_config
+from moe_overlap.skill.environment import Environment, detect_environment
+from moe_overlap.skill.rules import Ctx, Rule, Unchecked, rules_for
+from moe_overlap.skill.versions import select_core
+
+
+class Finding(BaseModel):
+    rule: str = Field(description="card constraint id, or config:<kind> for a parser note")
+    severity: Literal["error", "warning", "info"]
+    path: str = Field(description="dotted config path to edit")
+    message: str
+    fix: str | None = None
+    source: str | None = None
+
+
+class RuleSet(BaseModel):
+    name: str = Field(description='e.g. "megatron-core 0.16"')
+    megatron_core_version: str | None = Field(None, description="the version asked for or found")
+    selected_by: Literal["given", "installed", "default"]
+    note: str | None = None
+    core_rules: list[str] = Field(description="rules Megatron-Core's TransformerConfig checks in this release")
+    bridge_rules: list[str] = Field(description="rules added from Megatron-Bridge's checks (run before Core)")
+    advice_rules: list[str] = Field(description="warnings neither library raises")
+
+
+class ValidationResult(BaseModel):
+    """Outcome of validating one EP-overlap config. `valid` is false when any finding is an error."""
+
+    valid: bool
+    findings: list[Finding]
+    environment: Environment
+    rule_set: RuleSet
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
+def _run(rule: Rule, ctx: Ctx) -> Finding | None:
+    outcome = rule.check(ctx)
+    if outcome is None:
+        return None
+    if isinstance(outcome, Unchecked):
+        return Finding(rule=rule.id, severity="warning", path=rule.path(ctx),
+                       message=f"could not be checked: {outcome.reason}", fix=rule.fix, source=rule.source)
+    shown = {k: _show(v) for k, v in ctx.values.items()} | {k: _show(v) for k, v in outcome.items()}
+    return Finding(rule=rule.id, severity=rule.severity, path=rule.path(ctx), message=rule.message.format(**shown),
+                   fix=rule.fix, source=rule.source)
+
+
+def validate_config(source: Any = None, *, overrides: Sequence[str] = (), argv: str | Sequence[str] | None = None,
+                    torch_version: str | None = None, te_version: str | None = None, gpu: str | None = None,
+                    megatron_core_version: str | None = None,
+                    env: Mapping[str, str] | Environment | None = None, detect: bool = True) -> ValidationResult:
+    """Validate a config (dict, path, YAML text; plus Megatron-LM `argv` and dotted `overrides`).
+
+    `env`: environment variables to read (default os.environ), or a ready Environment (then nothing is detected).
+    Raises ConfigError on unreadable input.
+    """
+    cfg = parse_config(source, overrides, argv=argv)
+    if isinstance(env, Environment):
+        environment = env
+    else:
+        environment = detect_environment(torch_version=torch_version, te_version=te_version, gpu=gpu,
+                                         env=env, detect=detect)
+    selection = select_core(megatron_core_version)
+    values, paths = effective_values(cfg)
+    ctx = Ctx(values=values, paths=paths, env=environment, core=selection.line)
+    rules = rules_for(selection.line)
+    findings = [f for rule in rules if (f := _run(rule, ctx)) is not None]
+    findings += [Finding(rule=f"config:{n.kind}", severity="info", path=n.path, message=n.message)
+                 for n in cfg.notes]
+    order = {"error": 0, "warning": 1, "info": 2}
+    findings.sort(key=lambda f: order[f.severity])
+    rule_set = RuleSet(
+        name=selection.name, megatron_core_version=selection.requested, selected_by=selection.source,
+        note=selection.note,
+        core_rules=[r.id for r in rules if r.core_checked(selection.line)],
+        bridge_rules=[r.id for r in rules if r.bridge and not r.core_checked(selection.line)],
+        advice_rules=[r.id for r in rules if not r.bridge and not r.core_checked(selection.line)],
+    )
+    return ValidationResult(valid=not any(f.severity == "error" for f in findings), findings=findings,
+                            environment=environment, rule_set=rule_set)
+
+
+def render_text(result: ValidationResult, name: str = "config") -> str:
+    """A terminal report: verdict, then one block per finding (errors first)."""
+    env = result.environment
+    counts = {s: sum(f.severity == s for f in result.findings) for s in ("error", "warning", "info")}
+    verdict = "VALID" if result.valid else "INVALID"
+    lines = [f"{name}: {verdict} ({counts['error']} error(s), {counts['warning']} warning(s), "
+             f"{counts['info']} note(s))",
+             f"rule set: {result.rule_set.name} (+ Megatron-Bridge checks)"
+             + (f"; {result.rule_set.note}" if result.rule_set.note else ""),
+             f"environment: torch {env.torch_version or '?'} ({env.torch_version_source}), "
+             f"TE {env.te_version or '?'} ({env.te_version_source}), "
+             f"GPU {env.gpu_name or env.compute_capability or '?'} ({env.gpu_source}), "
+             f"CUDA_DEVICE_MAX_CONNECTIONS={env.cuda_device_max_connections or 'unset'}"]
+    for f in result.findings:
+        lines.append("")
+        lines.append(f"{f.severity.upper():7} [{f.rule}] {f.path}")
+        lines.append(f"        {f.message}")
+        if f.fix:
+            lines.append(f"        fix: {f.fix}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,89 @@
+"""Version strings and the Megatron-Core release lines the rule set knows.
+
+The EP-overlap checks in ``TransformerConfig.__post_init__`` changed between releases (MTP limits,
+``moe`` recompute, the ncclep rules, the CUDA-graph field name), so each rule carries the release range
+it holds for and the validator picks the rule set of one release line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+
+# Release lines whose TransformerConfig checks the rules describe, oldest first.
+KNOWN_CORE_RELEASES: tuple[tuple[int, int], ...] = ((0, 16), (0, 17), (0, 18), (0, 19))
+OLDEST, NEWEST = KNOWN_CORE_RELEASES[0], KNOWN_CORE_RELEASES[-1]
+
+_VERSION = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[.\-_]?(a|b|rc|dev|alpha|beta|pre)\.?\d*)?")
+
+
+def parse_version(text: str | None) -> tuple[int, int, int, int] | None:
+    """'2.6.0' -> (2, 6, 0, 0); a pre-release ('2.6.0a0', '2.7.0.dev0') sorts just below its release
+    (as packaging does, so 2.6.0a0 does not satisfy >= 2.6.0); '+cpu' style local tags are ignored."""
+    if text is None:
+        return None
+    m = _VERSION.match(str(text))
+    if not m:
+        return None
+    major, minor, patch = (int(g) if g else 0 for g in m.group(1, 2, 3))
+    return (major, minor, patch, -1 if m.group(4) else 0)
+
+
+def at_least(version: str | None, minimum: str) -> bool | None:
+    """True/False, or None when `version` is unknown or unreadable (the caller must say so, never pass)."""
+    have, need = parse_version(version), parse_version(minimum)
+    if have is None or need is None:
+        return None
+    return have >= need
+
+
+@cache
+def installed_version(dist: str) -> str | None:
+    """The installed version of a distribution, read from its metadata (never imports the package)."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class CoreSelection:
+    """Which Megatron-Core release line's rules apply, and why."""
+
+    line: tuple[int, int]
+    requested: str | None
+    source: str  # "given" | "installed" | "default"
+    note: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"megatron-core {self.line[0]}.{self.line[1]}"
+
+
+def select_core(requested: str | None = None) -> CoreSelection:
+    """The rule set for `requested` (else the installed megatron-core, else the newest known release)."""
+    source = "given"
+    if requested is None:
+        requested = installed_version("megatron-core")
+        source = "installed" if requested else "default"
+    if requested is None:
+        return CoreSelection(NEWEST, None, "default",
+                             "megatron-core not installed and no --megatron-core-version: newest known rules")
+    parsed = parse_version(requested)
+    if parsed is None:
+        from moe_overlap.skill.config_load import ConfigError
+
+        raise ConfigError(f"megatron-core version {requested!r} is not a version number",
+                          field="megatron_core_version", fix="e.g. --megatron-core-version 0.16.1")
+    line = parsed[:2]
+    if line < OLDEST:
+        return CoreSelection(OLDEST, requested, source,
+                             f"megatron-core {requested} is older than the oldest rule set known; "
+                             f"{OLDEST[0]}.{OLDEST[1]} rules applied")
+    if line > NEWEST:
+        return CoreSelection(NEWEST, requested, source,
+                             f"megatron-core {requested} is newer than the newest rule set known; "
+                             f"{NEWEST[0]}.{NEWEST[1]} rules applied")
+    return CoreSelection(line, requested, source)

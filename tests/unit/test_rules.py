@@ -1,0 +1,190 @@
+"""One violating and one passing config per rule, parametrized from the rule table; unknown versions warn."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moe_overlap.skill.cards import load_card
+from moe_overlap.skill.rules import all_rules
+from moe_overlap.skill.validate import validate_config
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+OV = "comm_overlap.overlap_moe_expert_parallel_comm=true"
+DW = "comm_overlap.delay_wgrad_compute=true"
+GOOD_ENV = {"torch_version": "2.6.0", "te_version": "2.12.0", "gpu": "H100"}
+
+# rule id -> (overrides that violate it, overrides that satisfy it, extra kwargs, megatron-core version)
+# Both lists are applied on top of examples/ep-overlap-minimal.yaml (overlap on, EP 4, 64 experts, bf16).
+CASES: dict[str, tuple[list[str], list[str], dict, str | None]] = {
+    "ep-size-gt-1": (["model.expert_model_parallel_size=1"], ["model.expert_model_parallel_size=2"], {}, None),
+    "num-experts-gt-1": (["model.num_moe_experts=1"], ["model.num_moe_experts=8"], {}, None),
+    "dispatcher-alltoall-or-flex": (["model.moe_token_dispatcher_type=allgather"],
+                                    ["model.moe_token_dispatcher_type=alltoall"], {}, None),
+    "precision-bf16-or-fp16": (["model.bf16=false"], ["model.bf16=false", "model.fp16=true"], {}, None),
+    "torch-min-2-6": ([], [], {"torch_version": "2.5.1"}, None),
+    "pp-requires-vpp": (["model.pipeline_model_parallel_size=2"],
+                        ["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2"],
+                        {}, None),
+    "no-full-recompute": (["model.recompute_granularity=full"], ["model.recompute_granularity=selective"], {}, None),
+    "no-recompute-method": (["model.recompute_method=uniform"], ["model.recompute_method=null"], {}, None),
+    "no-recompute-num-layers": (["model.recompute_num_layers=1"], [], {}, None),
+    "no-moe-recompute-module": (["model.recompute_granularity=selective", "model.recompute_modules=[moe]"],
+                                ["model.recompute_granularity=selective", "model.recompute_modules=[moe_act]"],
+                                {}, "0.17.0"),
+    "no-shared-expert-overlap": (["model.moe_shared_expert_overlap=true"], [], {}, None),
+    "mtp-layers-limit": (["model.mtp_num_layers=2", "model.pipeline_model_parallel_size=2",
+                          "model.virtual_pipeline_model_parallel_size=2"],
+                         ["model.mtp_num_layers=1", "model.pipeline_model_parallel_size=2",
+                          "model.virtual_pipeline_model_parallel_size=2"], {}, None),
+    "mtp-requires-pp": (["model.mtp_num_layers=1"], ["model.mtp_num_layers=1", "model.pipeline_model_parallel_size=2",
+                                                      "model.virtual_pipeline_model_parallel_size=2"], {}, "0.16.1"),
+    "cuda-graph-scope-excludes-moe": (["model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[moe]"],
+                                      ["model.cuda_graph_impl=transformer_engine",
+                                       "model.cuda_graph_scope=[attn, moe_router]"], {}, None),
+    "ncclep-no-fc1-offload": (["model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=ncclep",
+                               "model.fine_grained_activation_offloading=true", "model.offload_modules=[expert_fc1]"],
+                              ["model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=ncclep",
+                               "model.fine_grained_activation_offloading=true", "model.offload_modules=[core_attn]"],
+                              {}, "0.19.0"),
+    "wgrad-requires-overlap": (["comm_overlap.overlap_moe_expert_parallel_comm=false", DW], [DW], {}, None),
+    "wgrad-overlap-grad-reduce-te-2-7": ([DW, "ddp.overlap_grad_reduce=true"], [DW, "ddp.overlap_grad_reduce=true"],
+                                         {"te_version": "2.6.0", "_good": {"te_version": "2.7.0"}}, None),
+    "wgrad-grad-accum-fusion-te-2-7": ([DW, "model.gradient_accumulation_fusion=true"],
+                                       [DW, "model.gradient_accumulation_fusion=false"], {"te_version": "2.6.0"}, None),
+    "wgrad-cuda-graph-te-2-12": ([DW, "model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]",
+                                  "model.gradient_accumulation_fusion=true"],
+                                 [DW, "model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]",
+                                  "model.gradient_accumulation_fusion=true", "model.add_bias_linear=false"],
+                                 {}, "0.17.0"),
+    "wgrad-cuda-graph-te-2-10": ([DW, "model.cuda_graph_impl=transformer_engine"],
+                                [DW, "model.cuda_graph_impl=transformer_engine"],
+                                {"te_version": "2.9.0", "_good": {"te_version": "2.10.0"}}, "0.16.1"),
+    "wgrad-no-legacy-grouped-gemm": ([DW, "model.moe_use_legacy_grouped_gemm=true"], [DW], {}, None),
+    "wgrad-not-in-first-rollout": ([DW], [], {}, None),
+    "flex-backend-needs-flex-dispatcher": (["model.moe_flex_dispatcher_backend=deepep"],
+                                           ["model.moe_flex_dispatcher_backend=deepep",
+                                            "model.moe_token_dispatcher_type=flex"], {}, None),
+    "flex-backend-gpu-support": (["model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"],
+                                 ["model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep"],
+                                 {"gpu": "GB200"}, None),
+    "cuda-device-max-connections": ([], [], {"env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+                                             "_good": {"env": {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}}}, None),
+    "ep-divides-experts": (["model.expert_model_parallel_size=3"], ["model.expert_model_parallel_size=8"], {}, None),
+    "single-micro-batch": (["train.global_batch_size=8", "train.micro_batch_size=8"],
+                           ["train.global_batch_size=16", "train.micro_batch_size=2", "train.data_parallel_size=4"],
+                           {}, None),
+}
+RULES = {r.id: r for r in all_rules()}
+
+
+def _validate(overrides, kwargs, core):
+    kw = dict(GOOD_ENV) | {k: v for k, v in kwargs.items() if not k.startswith("_")}
+    kw.setdefault("env", {})
+    return validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=[OV, *overrides],
+                           megatron_core_version=core or "0.16.1", detect=False, **kw)
+
+
+def test_every_rule_has_cases():
+    assert set(CASES) == set(RULES)
+
+
+def test_rule_ids_equal_card_constraint_ids_both_ways():
+    card_ids = [c.id for c in load_card("perf-expert-parallel-overlap").constraints]
+    assert sorted(card_ids) == sorted(RULES), set(card_ids) ^ set(RULES)
+    assert len(set(RULES)) == len(all_rules())
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_fires_on_violation(rule_id):
+    bad, _good, kwargs, core = CASES[rule_id]
+    result = _validate(bad, kwargs, core)
+    hits = [f for f in result.findings if f.rule == rule_id]
+    assert hits, f"{rule_id} did not fire: {[f.rule for f in result.findings]}"
+    assert hits[0].severity == RULES[rule_id].severity
+    assert "{" not in hits[0].message and hits[0].fix and hits[0].source
+    assert "could not be checked" not in hits[0].message
+    assert result.valid is (RULES[rule_id].severity != "error" and not any(
+        f.severity == "error" for f in result.findings))
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_passes_when_satisfied(rule_id):
+    _bad, good, kwargs, core = CASES[rule_id]
+    kwargs = {k: v for k, v in kwargs.items() if k != "_good"} | kwargs.get("_good", {})
+    if rule_id in ("torch-min-2-6", "flex-backend-gpu-support"):
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("torch_version", "gpu")}
+    if rule_id in ("wgrad-grad-accum-fusion-te-2-7",):
+        kwargs = {}
+    result = _validate(good, kwargs, core)
+    assert not [f for f in result.findings if f.rule == rule_id], result.findings
+
+
+def test_rule_tables_are_well_formed():
+    for rule in all_rules():
+        assert rule.severity in ("error", "warning")
+        assert rule.reads and rule.message and rule.fix and rule.source
+        assert rule.core is not None or rule.bridge or rule.severity == "warning", rule.id
+
+
+@pytest.mark.parametrize("rule_id,overrides,missing", [
+    ("torch-min-2-6", [], "torch_version"),
+    ("wgrad-overlap-grad-reduce-te-2-7", [DW, "ddp.overlap_grad_reduce=true"], "te_version"),
+    ("flex-backend-gpu-support", ["model.moe_token_dispatcher_type=flex"], "gpu"),
+])
+def test_unknown_fact_warns_never_passes_silently(rule_id, overrides, missing):
+    kwargs = {k: v for k, v in GOOD_ENV.items() if k != missing}
+    result = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=[OV, *overrides], detect=False,
+                             megatron_core_version="0.16.1", env={}, **kwargs)
+    hits = [f for f in result.findings if f.rule == rule_id]
+    assert hits and hits[0].severity == "warning" and "could not be checked" in hits[0].message
+
+
+def test_deepep_on_capability_10_needs_the_name():
+    base = [OV, "model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"]
+    for gpu, expect in (("B200", None), ("10.0", "warning"), ("GB200", "error"), ("9.0", None), ("7.0", "error")):
+        result = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=base, detect=False, env={},
+                                 torch_version="2.6.0", gpu=gpu)
+        hits = [f.severity for f in result.findings if f.rule == "flex-backend-gpu-support"]
+        assert hits == ([expect] if expect else []), gpu
+
+
+def test_mtp_rules_follow_the_release():
+    over = [OV, "model.mtp_num_layers=1"]
+    by_core = {v: {f.rule for f in validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=over,
+                                                    detect=False, env={}, megatron_core_version=v,
+                                                    torch_version="2.6.0").findings} for v in ("0.16.1", "0.18.0")}
+    assert "mtp-requires-pp" in by_core["0.16.1"] and "mtp-requires-pp" not in by_core["0.18.0"]
+    zero = [OV, "model.mtp_num_layers=0"]
+    for version, fires in (("0.17.0", True), ("0.19.0", False)):
+        rules = {f.rule for f in validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=zero, detect=False,
+                                                 env={}, megatron_core_version=version,
+                                                 torch_version="2.6.0").findings}
+        assert ("mtp-layers-limit" in rules) is fires, version
+
+
+def test_rule_set_reports_core_and_bridge_rules():
+    result = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", detect=False, megatron_core_version="0.16.1",
+                             torch_version="2.6.0", env={})
+    rs = result.rule_set
+    assert rs.name == "megatron-core 0.16" and rs.selected_by == "given"
+    assert "torch-min-2-6" in rs.core_rules and "num-experts-gt-1" in rs.bridge_rules
+    assert "no-moe-recompute-module" in rs.bridge_rules  # Core checks it only from 0.17
+    newer = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", detect=False, megatron_core_version="0.25.0",
+                            torch_version="2.6.0", env={}).rule_set
+    assert newer.name == "megatron-core 0.19" and "newer than the newest" in newer.note
+
+
+@pytest.mark.parametrize("name", ["ep-overlap-alltoall.yaml", "ep-overlap-minimal.yaml", "ep-overlap-flex-deepep.yaml"])
+def test_seed_configs_clean_with_torch_2_6_and_fail_with_2_5(name):
+    ok = validate_config(EXAMPLES / name, torch_version="2.6.0", te_version="2.7.0", gpu="H100", detect=False, env={})
+    assert ok.valid and not [f for f in ok.findings if f.severity == "error"], ok.findings
+    # Only the staged-rollout advice may remain (the alltoall seed turns delayed wgrad on).
+    assert {f.rule for f in ok.findings} <= {"wgrad-not-in-first-rollout"}
+    old = validate_config(EXAMPLES / name, torch_version="2.5.1", te_version="2.7.0", gpu="H100", detect=False, env={})
+    assert not old.valid and {f.rule for f in old.findings if f.severity == "error"} == {"torch-min-2-6"}
+
+
+def test_examples_are_plain_yaml_mappings():
+    for path in EXAMPLES.glob("ep-overlap-*.yaml"):
+        assert isinstance(yaml.safe_load(path.read_text()), dict)
