@@ -1,0 +1,117 @@
+"""evals/evals.json: valid against its schema, covers what the issue asks, and bad files are located."""
+
+import json
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from moe_overlap.skill.cards import CardFileError, load_card, load_evals, load_evals_file, skill_dir
+from moe_overlap.skill.evals_model import REQUIRED_TOPICS
+from moe_overlap.skill.schemas import load_schema
+
+SKILL = "perf-expert-parallel-overlap"
+EVALS = skill_dir(SKILL) / "evals" / "evals.json"
+
+
+@pytest.fixture(scope="module")
+def evals():
+    return load_evals(SKILL)
+
+
+def test_evals_valid_against_committed_schema():
+    data = json.loads(EVALS.read_text(encoding="utf-8"))
+    errors = list(Draft202012Validator(load_schema("evals.schema.json")).iter_errors(data))
+    assert not errors, [e.message for e in errors]
+
+
+def test_evals_schema_is_strict():
+    schema = load_schema("evals.schema.json")
+    assert schema["additionalProperties"] is False
+    assert schema["$defs"]["EvalCase"]["additionalProperties"] is False
+
+
+def test_at_least_ten_with_ground_truth_and_behaviour(evals):
+    assert len(evals.evals) >= 10
+    for case in evals.evals:
+        assert len(case.ground_truth) > 40 and len(case.expected_output) > 20 and case.expectations
+
+
+def test_required_topics_are_covered(evals):
+    covered = {t for case in evals.evals for t in case.topics}
+    assert set(REQUIRED_TOPICS) <= covered, sorted(set(REQUIRED_TOPICS) - covered)
+
+
+def test_every_constraint_family_is_covered(evals):
+    families = {c.family for c in load_card(SKILL).constraints}
+    covered = {f for case in evals.evals for f in case.families}
+    assert families <= covered, sorted(families - covered)
+
+
+def test_flex_pitfall_and_version_questions(evals):
+    flex = [c for c in evals.evals if "flex-backend-needs-flex-dispatcher" in c.rule_ids]
+    assert flex and "apply_flex_dispatcher_backend" in flex[0].ground_truth
+    versions = " ".join(c.ground_truth for c in evals.evals if "versions" in c.topics)
+    for v in ("2.6.0", "2.7.0", "2.12.0"):
+        assert v in versions
+
+
+def test_input_files_exist(evals):
+    folder = skill_dir(SKILL)
+    for case in evals.evals:
+        for f in case.files:
+            assert (folder / f).is_file(), f
+
+
+def test_cited_rule_ids_exist(evals):
+    known = set(load_card(SKILL).constraint_ids())
+    assert {r for c in evals.evals for r in c.rule_ids} <= known
+
+
+def _variant(tmp_path: Path, mutate) -> Path:
+    data = json.loads(EVALS.read_text(encoding="utf-8"))
+    mutate(data)
+    path = tmp_path / "evals.json"
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return path
+
+
+def _line_of(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+def test_json_syntax_error_has_line(tmp_path):
+    path = tmp_path / "evals.json"
+    path.write_text('{\n  "skill_name": "x",\n  "evals": [\n    {"id": 1,}\n  ]\n}\n')
+    with pytest.raises(CardFileError) as err:
+        load_evals_file(path)
+    (p,) = err.value.problems
+    assert p.line == 4 and "JSON syntax error" in p.message
+
+
+def test_unknown_key_located(tmp_path):
+    path = _variant(tmp_path, lambda d: d["evals"][2].update({"grund_truth": "typo"}))
+    with pytest.raises(CardFileError) as err:
+        load_evals_file(path)
+    (p,) = err.value.problems
+    assert p.path == "$.evals[2].grund_truth" and p.line == _line_of(path, "grund_truth")
+
+
+def test_unknown_topic_and_rule_id_located(tmp_path):
+    path = _variant(tmp_path, lambda d: d["evals"][0]["topics"].append("vibes"))
+    with pytest.raises(CardFileError) as err:
+        load_evals_file(path)
+    assert err.value.problems[0].path == "$.evals[0].topics[1]"
+
+    path = _variant(tmp_path, lambda d: d["evals"][3]["rule_ids"].append("torch-min-2-5"))
+    with pytest.raises(CardFileError) as err:
+        load_evals_file(path, load_card(SKILL))
+    (p,) = err.value.problems
+    assert p.path == "$.evals[3].rule_ids[1]" and p.line == _line_of(path, "torch-min-2-5")
+
+
+def test_too_few_evals_rejected(tmp_path):
+    path = _variant(tmp_path, lambda d: d.update(evals=d["evals"][:9]))
+    with pytest.raises(CardFileError) as err:
+        load_evals_file(path)
+    assert err.value.problems[0].path == "$.evals"
