@@ -1,0 +1,168 @@
+"""Render a generated config in the formats users paste (torch-free).
+
+The one input is a nested config with Megatron-Bridge ConfigContainer sections (``comm_overlap``,
+``model``, ``train``), keys in the order they should be printed. Formats:
+
+    bridge-python  ``cfg.<section>.<key> = <value>`` lines; a flex dispatcher is written as the
+                   ``apply_flex_dispatcher_backend(cfg.model, ...)`` call, because setting the backend
+                   field alone does nothing in Megatron-Bridge (rule flex-backend-needs-flex-dispatcher)
+    overrides      dotted ``section.key=value`` lines, the override syntax of Megatron-Bridge scripts
+    megatron-args  Megatron-LM flags, one per line (false booleans are left out: false is their default)
+    yaml, json     the nested config itself
+    moe-overlap    a run config of our own verification (moe_overlap.verify.config.VerifyConfig)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+FORMATS = ("bridge-python", "overrides", "megatron-args", "yaml", "json", "moe-overlap")
+
+FLEX_IMPORT = "from megatron.bridge.training.flex_dispatcher_backend import apply_flex_dispatcher_backend"
+
+# (section, key) -> Megatron-LM flag. Names from megatron/training/arguments.py (Megatron-LM); Bridge's
+# `num_moe_experts` is `--num-experts` there, and VPP is given as virtual stages per pipeline rank.
+MEGATRON_FLAGS: dict[tuple[str, str], str] = {
+    ("comm_overlap", "overlap_moe_expert_parallel_comm"): "--overlap-moe-expert-parallel-comm",
+    ("comm_overlap", "delay_wgrad_compute"): "--delay-wgrad-compute",
+    ("model", "tensor_model_parallel_size"): "--tensor-model-parallel-size",
+    ("model", "pipeline_model_parallel_size"): "--pipeline-model-parallel-size",
+    ("model", "virtual_pipeline_model_parallel_size"): "--num-virtual-stages-per-pipeline-rank",
+    ("model", "expert_model_parallel_size"): "--expert-model-parallel-size",
+    ("model", "num_moe_experts"): "--num-experts",
+    ("model", "moe_router_topk"): "--moe-router-topk",
+    ("model", "moe_token_dispatcher_type"): "--moe-token-dispatcher-type",
+    ("model", "moe_flex_dispatcher_backend"): "--moe-flex-dispatcher-backend",
+    ("model", "moe_shared_expert_overlap"): "--moe-shared-expert-overlap",
+    ("model", "moe_shared_expert_intermediate_size"): "--moe-shared-expert-intermediate-size",
+    ("model", "bf16"): "--bf16",
+    ("model", "fp16"): "--fp16",
+    ("model", "num_layers"): "--num-layers",
+    ("model", "hidden_size"): "--hidden-size",
+    ("model", "num_attention_heads"): "--num-attention-heads",
+    ("model", "moe_ffn_hidden_size"): "--moe-ffn-hidden-size",
+    ("model", "mtp_num_layers"): "--mtp-num-layers",
+    ("model", "recompute_granularity"): "--recompute-granularity",
+    ("train", "micro_batch_size"): "--micro-batch-size",
+    ("train", "global_batch_size"): "--global-batch-size",
+}
+
+
+class RenderError(ValueError):
+    """A config this module cannot write in the asked format (names the key or the format)."""
+
+
+def render(config: dict[str, Any], fmt: str, *, micro_batches: int | None = None) -> str:
+    """`config` (nested sections) as text in `fmt`; ends with a newline."""
+    if fmt not in FORMATS:
+        raise RenderError(f"to: unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "yaml":
+        return yaml.safe_dump(config, sort_keys=False)
+    if fmt == "json":
+        return json.dumps(config, indent=2) + "\n"
+    if fmt == "bridge-python":
+        return "\n".join(bridge_python_lines(config)) + "\n"
+    if fmt == "overrides":
+        return "\n".join(override_items(config)) + "\n"
+    if fmt == "megatron-args":
+        return "\n".join(megatron_arg_lines(config)) + "\n"
+    return yaml.safe_dump(to_verify_config(config, micro_batches=micro_batches), sort_keys=False)
+
+
+def _items(config: dict[str, Any]):
+    for section, values in config.items():
+        if not isinstance(values, dict):
+            raise RenderError(f"{section}: expected a section mapping, got {type(values).__name__}")
+        for key, value in values.items():
+            yield section, key, value
+
+
+def _py(value: Any) -> str:
+    # json.dumps gives the double-quoted strings of the seed's examples; booleans/None need Python names.
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    return json.dumps(value)
+
+
+def bridge_python_lines(config: dict[str, Any]) -> list[str]:
+    model = config.get("model", {})
+    flex = model.get("moe_token_dispatcher_type") == "flex"
+    lines = [FLEX_IMPORT, ""] if flex else []
+    for section, key, value in _items(config):
+        if flex and section == "model" and key in ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend"):
+            continue  # set by the helper below, together with the GPU check
+        lines.append(f"cfg.{section}.{key} = {_py(value)}")
+    if flex:
+        backend = model.get("moe_flex_dispatcher_backend", "deepep")
+        lines += ["", f"apply_flex_dispatcher_backend(cfg.model, moe_flex_dispatcher_backend={_py(backend)})"]
+    return lines
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_scalar(v) for v in value) + "]"
+    return str(value)
+
+
+def override_items(config: dict[str, Any]) -> list[str]:
+    """``section.key=value`` items (the list the validator's ``overrides=`` takes)."""
+    return [f"{section}.{key}={_scalar(value)}" for section, key, value in _items(config)]
+
+
+def megatron_argv(config: dict[str, Any]) -> list[str]:
+    """Megatron-LM argv tokens (the list the validator's argv parser takes)."""
+    argv: list[str] = []
+    for line in megatron_arg_lines(config):
+        argv.extend(line.split(" "))
+    return argv
+
+
+def megatron_arg_lines(config: dict[str, Any]) -> list[str]:
+    lines = []
+    for section, key, value in _items(config):
+        flag = MEGATRON_FLAGS.get((section, key))
+        if flag is None:
+            raise RenderError(f"{section}.{key}: no Megatron-LM flag is known for this key; "
+                              "use --to overrides, yaml or json")
+        if isinstance(value, bool):
+            if value:
+                lines.append(flag)
+            continue  # a store_true flag left out is false
+        if value is None:
+            continue
+        lines.append(f"{flag} {_scalar(value)}")
+    return lines
+
+
+def to_verify_config(config: dict[str, Any], *, micro_batches: int | None = None) -> dict[str, Any]:
+    """The ``moe-overlap`` run config of our verification for this config.
+
+    Only the structural choices carry over (EP size, experts, top-k, precision, overlap flags, micro-batches):
+    the verification checks the overlap machinery on its small built-in model, so the model size stays at
+    VerifyConfig's defaults. Its one dispatcher is all-to-all; a flex config is verified on that path.
+    """
+    model = config.get("model", {})
+    comm = config.get("comm_overlap", {})
+    overlap = bool(comm.get("overlap_moe_expert_parallel_comm", False))
+    experts = int(model.get("num_moe_experts", 4))
+    out: dict[str, Any] = {
+        "format": "moe-overlap",
+        "num_moe_experts": experts,
+        "moe_router_topk": min(int(model.get("moe_router_topk", 2)), experts),
+        "expert_model_parallel_size": int(model.get("expert_model_parallel_size", 2)),
+        "precision": "bf16" if model.get("bf16") else "fp16" if model.get("fp16") else "fp32",
+        "overlap_moe_expert_parallel_comm": overlap,
+        "delay_wgrad_compute": bool(comm.get("delay_wgrad_compute", False)),
+        # 1f1b is Megatron-Core's overlap (forward of micro-batch k+1 beside backward of k); none is the control
+        "schedule": "1f1b" if overlap else "none",
+    }
+    if micro_batches is not None:
+        out["micro_batches"] = int(micro_batches)
+    return out

@@ -1,0 +1,243 @@
+"""generate_config: the seed's configurations reproduced, the plan, every output format, CLI == API,
+and requests that are refused or adjusted (the policy table of docs/generate.md)."""
+
+import json
+
+import pytest
+import yaml
+
+from moe_overlap.cli import main
+from moe_overlap.paths import examples_dir
+from moe_overlap.skill.config import effective_values, parse_config
+from moe_overlap.skill.flex import apply_flex_dispatcher_backend
+from moe_overlap.skill.generate import (
+    FORMATS,
+    STAGES,
+    GenerateError,
+    GenerateRequest,
+    generate_config,
+    render,
+    request_argv,
+)
+from moe_overlap.skill.presets import PRESETS, get_preset
+from moe_overlap.verify.config import VerifyConfig
+
+ENV = {"torch_version": "2.6.0", "te_version": "2.7.0", "gpu": "H100"}
+
+# The seed document's "Configuration Minimale Fonctionnelle", line for line.
+SEED_MINIMAL = """\
+cfg.comm_overlap.overlap_moe_expert_parallel_comm = True
+cfg.comm_overlap.delay_wgrad_compute = False
+cfg.model.expert_model_parallel_size = 4
+cfg.model.num_moe_experts = 64
+cfg.model.moe_token_dispatcher_type = "alltoall"
+cfg.model.moe_shared_expert_overlap = False
+cfg.model.bf16 = True
+"""
+# The seed's flex activation example (the lines it sets; EP and experts come from its alltoall example).
+SEED_FLEX_LINES = [
+    "from megatron.bridge.training.flex_dispatcher_backend import apply_flex_dispatcher_backend",
+    "cfg.comm_overlap.overlap_moe_expert_parallel_comm = True",
+    "cfg.comm_overlap.delay_wgrad_compute = True",
+    "cfg.model.moe_shared_expert_overlap = False",
+]
+
+
+def _gen(**kw):
+    return generate_config(GenerateRequest(**kw))
+
+
+def _effective(config):
+    values, _ = effective_values(parse_config(config))
+    return values
+
+
+def test_overlap_stage_reproduces_the_seed_minimal_config_key_for_key():
+    result = _gen(ep=4, experts=64, dispatcher="alltoall", precision="bf16", stage="overlap", **ENV)
+    assert result.ok
+    stage = result.stages[0]
+    minimal = yaml.safe_load((examples_dir() / "ep-overlap-minimal.yaml").read_text())
+    assert stage.config == minimal  # same keys, same values, nothing else
+    assert render(stage.config, "bridge-python") == SEED_MINIMAL
+    assert stage.validation.valid and stage.validation.warnings == []
+
+
+def test_overlap_wgrad_stage_is_the_seed_alltoall_activation_for_ep8():
+    result = _gen(ep=8, experts=64, stage="overlap+wgrad", **ENV)
+    seed = yaml.safe_load((examples_dir() / "ep-overlap-alltoall.yaml").read_text())
+    config = result.stages[0].config
+    # Every key the seed sets has the seed's value; the seed also pins fp16: false, which is Megatron's
+    # default and is what the generated config means (effective values below are compared in full).
+    for section, values in seed.items():
+        for key, value in values.items():
+            if (section, key) == ("model", "fp16"):
+                assert key not in config[section]
+                continue
+            assert config[section][key] == value, (section, key)
+    assert _effective(config) == _effective(seed)
+    assert result.stages[0].validation.warnings == ["wgrad-not-in-first-rollout"]
+
+
+@pytest.mark.parametrize("backend", ["deepep", "hybridep"])
+def test_flex_stage_is_the_seed_flex_activation_for_ep8(backend):
+    result = _gen(ep=8, experts=64, stage="flex", flex_backend=backend, **ENV)
+    assert result.ok and result.adjustments == []
+    text = render(result.stages[0].config, "bridge-python")
+    lines = text.splitlines()
+    for line in SEED_FLEX_LINES + [f'apply_flex_dispatcher_backend(cfg.model, moe_flex_dispatcher_backend="{backend}")']:
+        assert line in lines
+    # the helper call replaces the dispatcher fields: setting the backend alone does nothing in Bridge
+    assert "moe_token_dispatcher_type" not in text and "cfg.model.moe_flex_dispatcher_backend" not in text
+    seed = yaml.safe_load((examples_dir() / "ep-overlap-alltoall.yaml").read_text())
+    expected, _ = apply_flex_dispatcher_backend(seed, backend, "H100")
+    assert _effective(result.stages[0].config) == _effective(expected)
+
+
+def test_plan_has_every_stage_in_order_with_checks_and_commands():
+    result = _gen(ep=8, experts=64, plan=True, **ENV)
+    assert [s.stage for s in result.stages] == list(STAGES)
+    for s in result.stages:
+        names = [c.name for c in s.checks]
+        assert names[:2] == ["validation", "no-hang"] and "throughput" in names
+        assert ("loss-matches-baseline" in names) == (s.stage != "baseline")
+        assert all(c.command for c in s.checks) and s.validation.valid
+        assert f"--stage {s.stage} --to yaml" in s.checks[0].command
+    overlap = [s.stage for s in result.stages if s.config["comm_overlap"]["overlap_moe_expert_parallel_comm"]]
+    assert overlap == ["overlap", "overlap+wgrad", "flex"]
+    assert result.stages[3].config["model"]["moe_token_dispatcher_type"] == "flex"
+
+
+def test_moe_overlap_format_is_a_verify_config():
+    for stage in STAGES:
+        result = _gen(ep=4, experts=16, topk=4, stage=stage, to="moe-overlap", micro_batches=3, **ENV)
+        cfg = VerifyConfig(**yaml.safe_load(result.stages[0].rendered))
+        assert (cfg.expert_model_parallel_size, cfg.num_moe_experts, cfg.moe_router_topk) == (4, 16, 4)
+        assert cfg.precision == "bf16" and cfg.micro_batches == 3
+        assert cfg.overlap_moe_expert_parallel_comm == (stage != "baseline")
+        assert cfg.delay_wgrad_compute == (stage in ("overlap+wgrad", "flex"))
+        assert cfg.schedule == ("none" if stage == "baseline" else "1f1b")
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_have_moe_dims_and_a_public_source(name):
+    p = get_preset(name)
+    assert p.source.startswith("https://huggingface.co/") and p.source.endswith("config.json")
+    assert p.num_moe_experts > 1 and 1 <= p.moe_router_topk <= p.num_moe_experts
+    result = _gen(preset=name, gpus=16, **ENV)
+    model = result.stages[0].config["model"]
+    assert model["num_moe_experts"] == p.num_moe_experts and model["moe_ffn_hidden_size"] == p.moe_ffn_hidden_size
+    assert model["expert_model_parallel_size"] == {"qwen3-30b-a3b": 16, "deepseek-v3": 16, "mixtral-8x7b": 8}[name]
+
+
+# ---- CLI == API -------------------------------------------------------------------------------------------
+
+def _cli(capsys, argv):
+    code = main(["generate", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("stage", ["overlap", "flex"])
+def test_cli_output_equals_api_output(capsys, fmt, stage):
+    req = GenerateRequest(ep=8, experts=64, topk=2, stage=stage, to=fmt, gpu="H100", micro_batches=4)
+    api = generate_config(req)
+    code, out, _ = _cli(capsys, [*request_argv(req), "--to", fmt])
+    assert code == 0
+    assert out == api.stages[0].rendered == render(api.stages[0].config, fmt, micro_batches=4)
+    code, out, _ = _cli(capsys, [*request_argv(req), "--to", fmt, "--format", "json"])
+    assert code == 0 and json.loads(out) == api.model_dump(mode="json")
+
+
+def test_cli_plan_json_equals_api(capsys):
+    req = GenerateRequest(preset="qwen3-30b-a3b", gpus=16, plan=True, to="megatron-args", **ENV)
+    code, out, _ = _cli(capsys, [*request_argv(req), "--to", "megatron-args", "--format", "json"])
+    assert code == 0 and json.loads(out) == generate_config(req).model_dump(mode="json")
+    code, out, _ = _cli(capsys, [*request_argv(req), "--to", "megatron-args"])
+    assert code == 0 and out.count("# ===== stage") == 4
+    for s in generate_config(req).stages:
+        assert s.rendered in out
+
+
+# ---- refused / adjusted requests --------------------------------------------------------------------------
+
+REFUSED = [
+    (dict(ep=1, experts=64), "ep-size-gt-1", {"ep": 2}),
+    (dict(ep=6, experts=64), "ep-divides-experts", {"ep": 4}),
+    (dict(ep=8, experts=64, stage="flex", gpu="V100"), "flex-backend-gpu-support",
+     {"stage": "overlap+wgrad"}),
+    (dict(ep=8, experts=64, dispatcher="flex", gpu="T4"), "flex-backend-gpu-support", {"dispatcher": "alltoall"}),
+    (dict(ep=4, experts=64, pp=4, num_layers=4), "pp-requires-vpp", {"pp": 2}),
+    (dict(ep=4, experts=64, pp=2, vpp=3, num_layers=8), "pp-requires-vpp", {"vpp": 2}),
+    (dict(ep=4, experts=64, recompute="full"), "no-full-recompute", {"recompute": "selective"}),
+    (dict(ep=4, experts=64, torch_version="2.5.1"), "torch-min-2-6", {"torch_version": "2.6.0"}),
+    (dict(preset="deepseek-v3", gpus=64, pp=2), "pp-requires-vpp", {"pp": 1}),
+]
+
+
+@pytest.mark.parametrize("kw,rule,nearest", REFUSED)
+def test_unsatisfiable_requests_are_refused_with_rule_and_nearest_valid_request(capsys, kw, rule, nearest):
+    req = GenerateRequest(**kw)
+    result = generate_config(req)
+    assert not result.ok and result.stages == []
+    assert rule in result.refusal.rule_ids
+    for key, value in nearest.items():
+        assert result.refusal.nearest_request[key] == value
+    fixed = generate_config(req.model_copy(update=result.refusal.nearest_request))
+    assert fixed.ok and all(s.validation.valid for s in fixed.stages)
+    code, out, err = _cli(capsys, request_argv(req))
+    assert code == 2 and out == "" and rule in err and result.refusal.nearest_command in err
+
+
+def test_fp32_is_adjusted_to_bf16_with_a_note(capsys):
+    result = _gen(ep=4, experts=64, precision="fp32", plan=True, **ENV)
+    assert result.ok and [a.field for a in result.adjustments] == ["precision"]
+    assert result.adjustments[0].rule == "precision-bf16-or-fp16"
+    assert all(s.config["model"]["bf16"] is True for s in result.stages)  # the baseline too: like for like
+    code, _, err = _cli(capsys, ["--ep", "4", "--experts", "64", "--precision", "fp32"])
+    assert code == 0 and "precision: fp32 -> bf16" in err
+
+
+def test_pp_without_vpp_gets_the_smallest_even_vpp():
+    result = _gen(ep=4, experts=64, pp=2, num_layers=12, **ENV)
+    model = result.stages[0].config["model"]
+    assert (model["pipeline_model_parallel_size"], model["virtual_pipeline_model_parallel_size"]) == (2, 2)
+    assert result.adjustments[0].rule == "pp-requires-vpp"
+    assert _gen(ep=4, experts=64, pp=3, num_layers=18, **ENV).stages[0].config["model"][
+        "virtual_pipeline_model_parallel_size"] == 2
+    assert _gen(ep=4, experts=64, pp=2, num_layers=6, **ENV).stages[0].config["model"][
+        "virtual_pipeline_model_parallel_size"] == 3
+
+
+def test_flex_backend_follows_the_gpu():
+    gb200 = _gen(ep=8, experts=64, stage="flex", gpu="GB200", flex_backend="deepep")
+    assert gb200.stages[0].config["model"]["moe_flex_dispatcher_backend"] == "hybridep"
+    assert gb200.adjustments[0].field == "flex_backend"
+    assert _gen(ep=8, experts=64, stage="flex", gpu="B200").stages[0].config["model"][
+        "moe_flex_dispatcher_backend"] == "deepep"
+    plan = _gen(ep=8, experts=64, plan=True, gpu="V100")
+    assert plan.ok and [s.stage for s in plan.stages] == ["baseline", "overlap", "overlap+wgrad"]
+    assert plan.adjustments[0].rule == "flex-backend-gpu-support"
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["--experts", "64"], "ep"),
+    (["--ep", "4"], "experts"),
+    (["--ep", "4", "--experts", "8", "--topk", "9"], "topk"),
+    (["--preset", "gpt-moe", "--gpus", "8"], "preset"),
+    (["--ep", "4", "--experts", "64", "--gpu", "Voodoo5"], "gpu"),
+    (["--ep", "4", "--experts", "64", "--pp", "2"], "num_layers"),
+    (["--ep", "0", "--experts", "64"], "ep"),
+    (["--preset", "mixtral-8x7b", "--gpus", "12", "--pp", "8"], "gpus"),
+])
+def test_malformed_requests_exit_2_naming_the_field(capsys, argv, field):
+    code, out, err = _cli(capsys, argv)
+    assert code == 2 and out == "" and field.replace("_", "-").split("-")[0] in err.lower()
+    code, out, _ = _cli(capsys, [*argv, "--format", "json"])
+    assert code == 2 and "error" in json.loads(out)
+
+
+def test_malformed_request_raises_generate_error_from_the_api():
+    with pytest.raises(GenerateError) as info:
+        _gen(ep=4, experts=8, topk=9)
+    assert info.value.field == "topk" and info.value.fix
