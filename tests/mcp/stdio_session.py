@@ -1,0 +1,83 @@
+"""A raw stdio JSON-RPC session with `python -m moe_overlap.server`, keeping every byte of stdout.
+
+Used by the stdio test and the start-up benchmark. Raw pipes rather than the SDK client, so the test sees
+exactly what the server wrote on stdout (the SDK client would skip a non-JSON line with a log message).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def initialize_request(request_id: int = 1, version: str = "2025-11-25") -> dict:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "initialize",
+            "params": {"protocolVersion": version, "capabilities": {},
+                       "clientInfo": {"name": "moe-overlap-tests", "version": "0"}}}
+
+
+class StdioSession:
+    def __init__(self, *args: str, cwd: Path | None = None):
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, "-m", "moe_overlap.server", *args], cwd=cwd or REPO,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env)
+        self.raw_lines: list[bytes] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._stderr: list[bytes] = []
+        self._responses: dict = {}
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=lambda: self._stderr.extend(self.proc.stderr), daemon=True).start()
+
+    def _read_stdout(self) -> None:
+        for line in self.proc.stdout:
+            self.raw_lines.append(line)
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def send(self, message: dict) -> None:
+        self.proc.stdin.write((json.dumps(message) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def wait_for(self, request_id: int, timeout: float = 30.0) -> dict:
+        """The response to `request_id` (other messages, e.g. notifications, are skipped but kept)."""
+        deadline = time.monotonic() + timeout
+        while request_id not in self._responses:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no response to {request_id} in {timeout}s; stderr: {self.stderr()[-2000:]}")
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise EOFError(f"server closed stdout; stderr: {self.stderr()[-2000:]}")
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue  # the caller's stdout check reports it
+            if "id" in message and "method" not in message:
+                self._responses[message["id"]] = message
+        return self._responses.pop(request_id)
+
+    def close(self, timeout: float = 30.0) -> int:
+        """Close stdin (the client goes away) and wait for the server to exit."""
+        self.proc.stdin.close()
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+    def stderr(self) -> str:
+        return b"".join(self._stderr).decode(errors="replace")
