@@ -24,13 +24,12 @@ FORMATS = ("bridge-python", "overrides", "megatron-args", "yaml", "json", "moe-o
 FLEX_IMPORT = "from megatron.bridge.training.flex_dispatcher_backend import apply_flex_dispatcher_backend"
 
 # (section, key) -> Megatron-LM flag. Names from megatron/training/arguments.py (Megatron-LM); Bridge's
-# `num_moe_experts` is `--num-experts` there, and VPP is given as virtual stages per pipeline rank.
+# `num_moe_experts` is `--num-experts` there. VPP has no direct flag: see _vpp_flag.
 MEGATRON_FLAGS: dict[tuple[str, str], str] = {
     ("comm_overlap", "overlap_moe_expert_parallel_comm"): "--overlap-moe-expert-parallel-comm",
     ("comm_overlap", "delay_wgrad_compute"): "--delay-wgrad-compute",
     ("model", "tensor_model_parallel_size"): "--tensor-model-parallel-size",
     ("model", "pipeline_model_parallel_size"): "--pipeline-model-parallel-size",
-    ("model", "virtual_pipeline_model_parallel_size"): "--num-virtual-stages-per-pipeline-rank",
     ("model", "expert_model_parallel_size"): "--expert-model-parallel-size",
     ("model", "num_moe_experts"): "--num-experts",
     ("model", "moe_router_topk"): "--moe-router-topk",
@@ -124,9 +123,21 @@ def megatron_argv(config: dict[str, Any]) -> list[str]:
     return argv
 
 
+def _vpp_flag(model: dict[str, Any], vpp: int) -> str:
+    # Megatron-LM takes the layers per virtual stage and derives VPP = layers / (pp x that); the validator
+    # reads the same flag. Without the layer count VPP can only be given as virtual stages per rank.
+    layers, pp = model.get("num_layers"), model.get("pipeline_model_parallel_size", 1)
+    if layers and layers % (pp * vpp) == 0:
+        return f"--num-layers-per-virtual-pipeline-stage {layers // (pp * vpp)}"
+    return f"--num-virtual-stages-per-pipeline-rank {vpp}"
+
+
 def megatron_arg_lines(config: dict[str, Any]) -> list[str]:
     lines = []
     for section, key, value in _items(config):
+        if (section, key) == ("model", "virtual_pipeline_model_parallel_size") and value is not None:
+            lines.append(_vpp_flag(config["model"], int(value)))
+            continue
         flag = MEGATRON_FLAGS.get((section, key))
         if flag is None:
             raise RenderError(f"{section}.{key}: no Megatron-LM flag is known for this key; "

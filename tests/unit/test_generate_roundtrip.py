@@ -1,0 +1,93 @@
+"""Round trip: every config `generate` writes validates clean under `validate_config` in the same environment,
+in every format the validator reads (YAML file, JSON file, dotted overrides, Megatron-LM argv), and all four
+formats mean the same config (identical effective values)."""
+
+import itertools
+
+import pytest
+
+from moe_overlap.skill.config import effective_values, parse_config
+from moe_overlap.skill.generate import RECOMMENDED_ENV, GenerateRequest, generate_config
+from moe_overlap.skill.render import megatron_argv, override_items, render
+from moe_overlap.skill.validate import validate_config
+
+# Warnings a stage is expected to carry by design (the plan's order is the point of the warning).
+EXPECTED_WARNINGS = {"baseline": set(), "overlap": set(), "overlap+wgrad": {"wgrad-not-in-first-rollout"},
+                     "flex": {"wgrad-not-in-first-rollout"}}
+# Megatron-LM derives VPP from --num-layers-per-virtual-pipeline-stage; the other formats give VPP itself.
+VPP_KEYS = {"virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage"}
+
+
+def _grid() -> list[GenerateRequest]:
+    layouts = [(2, 8, None), (4, 64, None), (8, 64, 2), (8, 128, 8), (16, 128, 8), (4, 16, 4)]
+    stages = ["baseline", "overlap", "overlap+wgrad", "flex"]
+    dispatchers = ["alltoall", "flex"]
+    gpus = ["H100", "A100", "GB200", "B200", "9.0"]
+    precisions = ["bf16", "fp16"]
+    pipelines = [(1, None), (2, 8), (4, 16)]
+    extras = [dict(), dict(micro_batches=4, tp=2), dict(recompute="selective", micro_batches=2)]
+    cores = ["0.16.1", "0.19.0"]
+    full = list(itertools.product(layouts, stages, dispatchers, gpus, precisions, pipelines, extras, cores))
+    picked = full[::29]  # a fixed, spread-out sample: every factor level appears many times
+    out = []
+    for (ep, experts, topk), stage, dispatcher, gpu, precision, (pp, layers), extra, core in picked:
+        out.append(GenerateRequest(ep=ep, experts=experts, topk=topk, stage=stage, dispatcher=dispatcher, gpu=gpu,
+                                   precision=precision, pp=pp, num_layers=layers, torch_version="2.6.0",
+                                   te_version="2.7.0", megatron_core_version=core, **extra))
+    for preset, gpus_n in (("qwen3-30b-a3b", 16), ("deepseek-v3", 64), ("mixtral-8x7b", 8)):
+        out.append(GenerateRequest(preset=preset, gpus=gpus_n, plan=True, gpu="H100", torch_version="2.7.1",
+                                   te_version="2.9.0", micro_batches=8))
+    return out
+
+
+GRID = _grid()
+
+
+def test_grid_is_large_and_varied():
+    assert len(GRID) >= 200
+    assert {r.stage for r in GRID} == {"baseline", "overlap", "overlap+wgrad", "flex"}
+    assert {r.pp for r in GRID} == {1, 2, 4} and {r.dispatcher for r in GRID} == {"alltoall", "flex"}
+
+
+def _check(result, stage: str, label: str):
+    assert result.valid, (label, [f.message for f in result.findings if f.severity == "error"])
+    warnings = {f.rule for f in result.findings if f.severity == "warning"}
+    assert warnings <= EXPECTED_WARNINGS[stage], (label, warnings)
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_every_generated_config_validates_clean_in_every_format(tmp_path, chunk):
+    checked = 0
+    for i, req in enumerate(GRID[chunk::4]):
+        result = generate_config(req)
+        assert result.ok, (req, result.refusal)
+        env = dict(torch_version=req.torch_version, te_version=req.te_version, gpu=req.gpu,
+                   megatron_core_version=req.megatron_core_version, env=RECOMMENDED_ENV, detect=False)
+        for stage in result.stages:
+            config = stage.config
+            yaml_file = tmp_path / f"{i}-{stage.stage}.yaml"
+            yaml_file.write_text(render(config, "yaml"))
+            json_file = tmp_path / f"{i}-{stage.stage}.json"
+            json_file.write_text(render(config, "json"))
+            overrides = render(config, "overrides").split()
+            argv = render(config, "megatron-args")
+            assert overrides == override_items(config) and argv.split() == megatron_argv(config)
+            views = {}
+            for label, kwargs in (("yaml", dict(source=yaml_file)), ("json", dict(source=json_file)),
+                                  ("overrides", dict(overrides=overrides)), ("megatron-args", dict(argv=argv))):
+                _check(validate_config(**kwargs, **env), stage.stage, f"{req} {stage.stage} {label}")
+                parsed = parse_config(kwargs.get("source"), kwargs.get("overrides", ()), argv=kwargs.get("argv"))
+                views[label] = effective_values(parsed)[0]
+            base = {k: v for k, v in views["yaml"].items() if k not in VPP_KEYS}
+            for label, values in views.items():
+                assert {k: v for k, v in values.items() if k not in VPP_KEYS} == base, (req, stage.stage, label)
+            # the formats carry the stage's intent
+            assert base["overlap_moe_expert_parallel_comm"] == (stage.stage != "baseline")
+            assert base["delay_wgrad_compute"] == (stage.stage in ("overlap+wgrad", "flex"))
+            flex = stage.stage == "flex" or req.dispatcher == "flex"
+            assert (base["moe_token_dispatcher_type"] == "flex") == flex
+            if req.pp > 1:
+                assert views["megatron-args"]["virtual_pipeline_model_parallel_size"] == "derived"
+                assert views["yaml"]["virtual_pipeline_model_parallel_size"] >= 2
+            checked += 1
+    assert checked >= 50
