@@ -1,6 +1,7 @@
 """The skill card: valid against its strict schema and model, complete (every seed constraint), consistent,
 and a malformed card fails with file, line and JSON path."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,42 @@ def test_duplicate_yaml_key(tmp_path):
         load_card_file(path)
     (p,) = err.value.problems
     assert p.path == "$.title" and p.message == "duplicate key" and p.line == _line_of(path, "title: MoE")
+
+
+# ---- the docs the card points to ---------------------------------------------------------------------
+
+def test_references_exist(card):
+    from moe_overlap.paths import data_root
+
+    assert (CARD.parent / card.references.skill_md).is_file()
+    assert (data_root() / card.references.docs).is_file()
+    assert (data_root() / card.references.schema_file).is_file()
+
+
+def test_own_code_anchors_exist(card):
+    root = Path(cards.__file__).resolve().parents[2]
+    if not (root / "moe_overlap").is_dir() or not (root / "pyproject.toml").is_file():
+        pytest.skip("not a checkout")
+    for anchor in card.code_anchors:
+        if anchor.repo == "this package":
+            assert (root / anchor.path).is_file(), anchor.path
+
+
+def test_stable_doc_names_every_constraint_and_tells_how_to_measure(card):
+    from moe_overlap.paths import data_root
+
+    doc = (data_root() / card.references.docs).read_text(encoding="utf-8")
+    assert [rid for rid in card.constraint_ids() if f"`{rid}`" not in doc] == []
+    for heading in ("## Mechanism", "### Delayed weight gradients", "## Dispatchers", "## Constraints",
+                    "## How to verify", "## How to measure overlap honestly", "## FAQ"):
+        assert heading in doc
+    assert "exposed" in doc and "sum" in doc
+
+
+def test_troubleshooting_rows_are_card_failure_modes(card):
+    from moe_overlap.paths import docs_dir
+
+    text = (docs_dir() / "troubleshooting.md").read_text(encoding="utf-8")
+    names = {f.name for f in card.failure_modes}
+    cited = set(re.findall(r"\| `([a-z0-9-]+)` \|", text))
+    assert cited and cited <= names, sorted(cited - names)
