@@ -30,28 +30,38 @@ class GenerateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ep: int | None = Field(None, ge=1, description="expert_model_parallel_size")
-    experts: int | None = Field(None, ge=1, description="num_moe_experts")
-    topk: int | None = Field(None, ge=1, description="moe_router_topk")
-    dispatcher: Literal["alltoall", "flex"] = "alltoall"
+    ep: int | None = Field(None, ge=1, le=4096, description="expert-parallel size (expert_model_parallel_size); "
+                           "or give preset + gpus")
+    experts: int | None = Field(None, ge=1, le=4096, description="experts per MoE layer (num_moe_experts)")
+    topk: int | None = Field(None, ge=1, le=4096, description="experts per token (moe_router_topk); optional")
+    dispatcher: Literal["alltoall", "flex"] = Field(
+        "alltoall", description="token dispatcher of every stage; the flex stage switches to flex anyway")
     flex_backend: Literal["deepep", "hybridep"] | None = Field(
         None, description="backend of the flex stage / dispatcher (default: DeepEP where the GPU supports it)")
-    gpu: str | None = Field(None, description="GPU name (H100, GB200) or compute capability (9.0)")
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    vpp: int | None = Field(None, ge=1)
-    num_layers: int | None = Field(None, ge=1, description="needed with pp > 1 (from the preset otherwise)")
-    micro_batches: int | None = Field(None, ge=1, description="micro-batches per data-parallel rank")
-    recompute: Literal["none", "selective", "full"] = "none"
-    preset: str | None = Field(None, description="model preset: qwen3-30b-a3b, deepseek-v3, mixtral-8x7b")
-    gpus: int | None = Field(None, ge=1, description="total GPU count (with a preset: EP = gcd(experts, DP))")
-    stage: Stage = "overlap"
-    plan: bool = Field(False, description="all stages in order, each with its checks")
-    to: Format = "yaml"
-    torch_version: str | None = None
-    te_version: str | None = None
-    megatron_core_version: str | None = None
+    gpu: str | None = Field(None, max_length=64,
+                            description="GPU name (H100, B200, GB200) or compute capability (9.0)")
+    precision: Literal["bf16", "fp16", "fp32"] = Field(
+        "bf16", description="training precision; fp32 is adjusted to bf16 (EP overlap needs bf16 or fp16)")
+    tp: int = Field(1, ge=1, le=1024, description="tensor-parallel size")
+    pp: int = Field(1, ge=1, le=1024, description="pipeline-parallel size (> 1 needs a virtual pipeline)")
+    vpp: int | None = Field(None, ge=1, le=1024, description="virtual pipeline size (chosen when pp > 1 and unset)")
+    num_layers: int | None = Field(None, ge=1, le=4096,
+                                   description="layers; needed with pp > 1 (taken from the preset otherwise)")
+    micro_batches: int | None = Field(None, ge=1, le=1_000_000,
+                                      description="micro-batches per data-parallel rank (overlap needs >= 2)")
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="activation recomputation wish; full is refused (EP overlap forbids it)")
+    preset: str | None = Field(None, max_length=64,
+                               description="model preset: qwen3-30b-a3b, deepseek-v3, mixtral-8x7b")
+    gpus: int | None = Field(None, ge=1, le=1_000_000,
+                             description="total GPU count; with no ep, EP = gcd(experts, gpus / (tp x pp))")
+    stage: Stage = Field("overlap", description="rollout stage: baseline, overlap, overlap+wgrad or flex")
+    plan: bool = Field(False, description="return every stage in order, each with its checks (ignores stage)")
+    to: Format = Field("yaml", description="output format of the rendered configs")
+    torch_version: str | None = Field(None, max_length=32, description="torch version of the target (>= 2.6.0)")
+    te_version: str | None = Field(None, max_length=32, description="Transformer Engine version of the target")
+    megatron_core_version: str | None = Field(
+        None, max_length=32, description="Megatron-Core release whose rules to validate against (default: installed)")
 
 
 class Check(BaseModel):
@@ -180,7 +190,7 @@ def generate_config(request: GenerateRequest | dict[str, Any]) -> GenerateResult
         except RenderError as exc:
             raise GenerateError(str(exc), field="to", fix="use --to yaml, json or overrides") from None
         stages.append(StageResult(stage=name, purpose=PURPOSE[name], config=config, rendered=rendered,
-                                  checks=[Check(**c) for c in stage_checks(req, name, _command(stage_req))],
+                                  checks=[Check(**c) for c in stage_checks(req, name, _command(stage_req), res.ep)],
                                   validation=_validate(config, req), notes=notes))
     errors = {rule: s.stage for s in stages for rule in s.validation.errors}
     if errors:

@@ -77,7 +77,7 @@ def _env_flags(req) -> str:
     return (" " + " ".join(flags)) if flags else ""
 
 
-def stage_checks(req, stage: str, command: str) -> list[dict[str, str]]:
+def stage_checks(req, stage: str, command: str, ep: int) -> list[dict[str, str]]:
     """What to check before moving past `stage`, each with the command that checks it.
 
     `command` is the `moe-overlap generate ...` command of this stage without `--to`.
@@ -104,8 +104,10 @@ def stage_checks(req, stage: str, command: str) -> list[dict[str, str]]:
         checks.append({"name": "throughput", "what": "the step time improves on the baseline, or at least does "
                        "not regress; if not, keep the previous stage",
                        "command": f"grep -h 'elapsed time per iteration' train-baseline.log {log} | tail -n 10"})
+    spawn = (f" It spawns one process per EP rank ({ep}) on this machine: with a large EP, run the same stage "
+             "at --ep 2 or 4 instead." if ep > 8 else "")
     checks.append({"name": "built-in-verification", "what": "the same structural config (EP size, experts, "
                    "top-k, precision, overlap flags) on the package's own MoE implementation: no hang, loss equal "
-                   "to its baseline", "command": f"{command} --to moe-overlap > {slug}.verify.yaml && moe-overlap "
+                   "to its baseline." + spawn, "command": f"{command} --to moe-overlap > {slug}.verify.yaml && moe-overlap "
                    f"verify {slug}.verify.yaml --modes {VERIFY_MODES[stage]}"})
     return checks

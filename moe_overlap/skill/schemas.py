@@ -20,6 +20,7 @@ SCHEMA_MODELS: dict[str, str] = {
     "card.schema.json": "moe_overlap.skill.card_model:Card",
     "evals.schema.json": "moe_overlap.skill.evals_model:EvalSet",
     "verification-report.schema.json": "moe_overlap.verify.report_model:VerificationReport",
+    "generate-result.schema.json": "moe_overlap.skill.generate:GenerateResult",
 }
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

@@ -172,6 +172,8 @@ REFUSED = [
     (dict(ep=4, experts=64, recompute="full"), "no-full-recompute", {"recompute": "selective"}),
     (dict(ep=4, experts=64, torch_version="2.5.1"), "torch-min-2-6", {"torch_version": "2.6.0"}),
     (dict(preset="deepseek-v3", gpus=64, pp=2), "pp-requires-vpp", {"pp": 1}),
+    (dict(ep=4, experts=1), "num-experts-gt-1", {"experts": 4}),
+    (dict(ep=1, experts=1, plan=True), "num-experts-gt-1", {"experts": 2, "ep": 2}),
 ]
 
 
@@ -196,6 +198,12 @@ def test_fp32_is_adjusted_to_bf16_with_a_note(capsys):
     assert all(s.config["model"]["bf16"] is True for s in result.stages)  # the baseline too: like for like
     code, _, err = _cli(capsys, ["--ep", "4", "--experts", "64", "--precision", "fp32"])
     assert code == 0 and "precision: fp32 -> bf16" in err
+
+
+def test_vpp_without_pp_is_dropped_with_a_note():
+    result = _gen(ep=4, experts=64, vpp=2, **ENV)
+    assert result.ok and "virtual_pipeline_model_parallel_size" not in result.stages[0].config["model"]
+    assert [(a.field, a.used) for a in result.adjustments] == [("vpp", None)]
 
 
 def test_pp_without_vpp_gets_the_smallest_even_vpp():
@@ -241,3 +249,17 @@ def test_malformed_request_raises_generate_error_from_the_api():
     with pytest.raises(GenerateError) as info:
         _gen(ep=4, experts=8, topk=9)
     assert info.value.field == "topk" and info.value.fix
+
+
+def test_verify_reads_the_moe_overlap_format_as_its_own():
+    from moe_overlap.verify.config import load_verify_config
+
+    rendered = _gen(ep=2, experts=8, stage="overlap+wgrad", to="moe-overlap", micro_batches=4, **ENV).stages[0].rendered
+    cfg, notes, kind = load_verify_config(yaml.safe_load(rendered))
+    assert kind == "moe-overlap" and notes == []
+    assert cfg.delay_wgrad_compute and cfg.expert_model_parallel_size == 2
+
+
+def test_every_request_field_is_described_for_mcp_clients():
+    schema = GenerateRequest.model_json_schema()
+    assert all(prop.get("description") for prop in schema["properties"].values())
