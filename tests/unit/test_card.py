@@ -302,3 +302,46 @@ def test_troubleshooting_rows_are_card_failure_modes(card):
     names = {f.name for f in card.failure_modes}
     cited = set(re.findall(r"\| `([a-z0-9-]+)` \|", text))
     assert cited and cited <= names, sorted(cited - names)
+
+
+# ---- CLI: moe-overlap card ---------------------------------------------------------------------------
+
+def test_cli_card_field_text(capsys):
+    from moe_overlap.cli import main
+
+    assert main(["card", SKILL, "--field", "constraints.torch-min-2-6.requires"]) == 0
+    assert capsys.readouterr().out.strip() == "torch >= 2.6.0"
+
+
+def test_cli_card_field_json_and_yaml(capsys):
+    import json
+
+    from moe_overlap.cli import main
+
+    assert main(["card", SKILL, "--field", "constraints.ep-size-gt-1", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checked_by"] == ["megatron-core", "megatron-bridge"]
+    assert main(["card", SKILL, "--field", "minimal_example.config", "--format", "yaml"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["moe_token_dispatcher_type"] == "alltoall"
+
+
+def test_cli_card_overview_and_list(capsys):
+    import json
+
+    from moe_overlap.cli import main
+
+    assert main(["card", SKILL]) == 0
+    out = capsys.readouterr().out
+    assert "wgrad-cuda-graph-te-2-12" in out and "failure modes:" in out
+    assert main(["card", "--format", "json"]) == 0
+    assert SKILL in [s["name"] for s in json.loads(capsys.readouterr().out)]
+
+
+def test_cli_card_unknown_name_and_field_exit_2(capsys):
+    from moe_overlap.cli import main
+
+    assert main(["card", "no-such-skill"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown skill" in err and SKILL in err
+    assert main(["card", SKILL, "--field", "constraints.nope"]) == 2
+    err = capsys.readouterr().err
+    assert "valid choices" in err and "ep-size-gt-1" in err

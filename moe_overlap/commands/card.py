@@ -1,0 +1,71 @@
+"""`moe-overlap card [NAME] [--field dotted.path]`: list the skills, print a card or one field of it.
+
+Exit 0 on success, 2 on an unknown skill or field (the valid choices are listed) or a malformed card
+(every problem with file, line and JSON path).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moe_overlap.commands._common import EXIT_OK, CommandError, add_format_argument, emit
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("name", nargs="?", help="skill name (omit to list the skills)")
+    parser.add_argument("--field", metavar="PATH",
+                        help="dotted path into the card, e.g. summary, constraints.ep-size-gt-1.requires, "
+                             "failure_modes.0 (list entries by index or by their id/name)")
+    add_format_argument(parser, choices=("text", "json", "yaml"))
+
+
+def _text(value: Any) -> str | None:
+    """Scalars print bare (scripts can use `$(moe-overlap card NAME --field summary)`); the rest as YAML."""
+    if value is None:
+        return ""
+    if isinstance(value, str | int | float | bool):
+        return str(value)
+    return None
+
+
+def _card_overview(card) -> str:
+    lines = [f"{card.name}: {card.title}", "", card.summary, "",
+             f"validation: {card.validation_status.level} - {card.validation_status.detail}", "",
+             "constraints:"]
+    width = max(len(c.id) for c in card.constraints)
+    lines += [f"  {c.id:<{width}}  {c.severity:<7}  {c.requires}" for c in card.constraints]
+    lines += ["", "failure modes: " + ", ".join(f.name for f in card.failure_modes), "",
+              f"more: moe-overlap card {card.name} --field <path>   "
+              f"(fields: {', '.join(type(card).model_fields)})"]
+    return "\n".join(lines)
+
+
+def _list_text(skills) -> str:
+    if not skills:
+        return "no skills installed"
+    return "\n".join(f"{s.name}  [{s.validation_status}]\n  {s.summary}" for s in skills)
+
+
+def run(args) -> int:
+    from moe_overlap.skill.cards import CardError, CardFileError, get_card_field, list_skills, load_card
+
+    try:
+        if args.name is None:
+            if args.field:
+                raise CommandError("--field needs a skill name", field="name",
+                                   choices=[s.name for s in list_skills()])
+            skills = list_skills()
+            emit([s.model_dump(mode="json") for s in skills], args.format, _list_text(skills))
+            return EXIT_OK
+        if not args.field:
+            card = load_card(args.name)
+            emit(card, args.format, _card_overview(card))
+            return EXIT_OK
+        value = get_card_field(args.name, args.field)
+    except CardFileError as exc:
+        raise CommandError(str(exc), fix="fix the card file at the lines listed") from None
+    except CardError as exc:
+        field = "name" if exc.message.startswith("unknown skill") else "field"
+        raise CommandError(exc.message, field=field, choices=exc.choices) from None
+    emit(value, args.format, _text(value))
+    return EXIT_OK

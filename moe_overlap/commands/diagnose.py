@@ -1,0 +1,45 @@
+"""`moe-overlap diagnose "TEXT"`: rank known failure modes against an error message or symptom.
+
+Exit 0 when at least one failure mode matched, 1 when none did, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+from moe_overlap.commands._common import EXIT_FAIL, EXIT_OK, CommandError, add_format_argument, emit
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("text", help="error message, log excerpt or symptom (quote it)")
+    parser.add_argument("--limit", type=int, default=5, help="at most this many failure modes (default 5)")
+    parser.add_argument("--skill", default="perf-expert-parallel-overlap", help="skill whose card to use")
+    add_format_argument(parser)
+
+
+def render_text(result) -> str:
+    if not result.matches:
+        return f"no known failure mode matches: {result.query!r}\nhint: {result.hint}"
+    lines = []
+    for i, m in enumerate(result.matches, 1):
+        lines += [
+            f"{i}. {m.failure_mode}  (score {m.score:.2f}; rules: {', '.join(m.rule_ids) or '-'})",
+            f"   symptom:        {m.symptom}",
+            f"   likely cause:   {m.likely_cause}",
+            f"   how to confirm: {m.how_to_confirm}",
+            f"   fix:            {m.fix}",
+            "",
+        ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def run(args) -> int:
+    from moe_overlap.skill.cards import CardError
+    from moe_overlap.skill.diagnose import diagnose
+
+    try:
+        result = diagnose(args.text, limit=args.limit, skill=args.skill)
+    except ValueError as exc:
+        raise CommandError(str(exc), field="text", fix='moe-overlap diagnose "AssertionError: ..."') from None
+    except CardError as exc:
+        raise CommandError(exc.message, field="skill", choices=exc.choices) from None
+    emit(result, args.format, render_text(result))
+    return EXIT_OK if result.matches else EXIT_FAIL
