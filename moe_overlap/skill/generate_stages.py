@@ -35,6 +35,8 @@ def stage_config(res: Resolved, stage: str, gpu: str | None) -> tuple[dict[str, 
     model: dict[str, Any] = {}
     if res.tp > 1:
         model["tensor_model_parallel_size"] = res.tp
+        # Megatron-Core: with EP and TP, "sequence parallelism must be used" (ModelParallelConfig.__post_init__)
+        model["sequence_parallel"] = True
     if res.pp > 1:
         model["pipeline_model_parallel_size"] = res.pp
         model["virtual_pipeline_model_parallel_size"] = res.vpp

@@ -29,6 +29,7 @@ MEGATRON_FLAGS: dict[tuple[str, str], str] = {
     ("comm_overlap", "overlap_moe_expert_parallel_comm"): "--overlap-moe-expert-parallel-comm",
     ("comm_overlap", "delay_wgrad_compute"): "--delay-wgrad-compute",
     ("model", "tensor_model_parallel_size"): "--tensor-model-parallel-size",
+    ("model", "sequence_parallel"): "--sequence-parallel",
     ("model", "pipeline_model_parallel_size"): "--pipeline-model-parallel-size",
     ("model", "expert_model_parallel_size"): "--expert-model-parallel-size",
     ("model", "num_moe_experts"): "--num-experts",

@@ -200,6 +200,12 @@ def test_fp32_is_adjusted_to_bf16_with_a_note(capsys):
     assert code == 0 and "precision: fp32 -> bf16" in err
 
 
+def test_tp_with_ep_turns_sequence_parallel_on():
+    model = _gen(ep=4, experts=64, tp=2, **ENV).stages[0].config["model"]
+    assert model["tensor_model_parallel_size"] == 2 and model["sequence_parallel"] is True
+    assert "sequence_parallel" not in _gen(ep=4, experts=64, **ENV).stages[0].config["model"]
+
+
 def test_vpp_without_pp_is_dropped_with_a_note():
     result = _gen(ep=4, experts=64, vpp=2, **ENV)
     assert result.ok and "virtual_pipeline_model_parallel_size" not in result.stages[0].config["model"]
