@@ -37,6 +37,7 @@ class ModelConfig:
     num_experts: int = 4  # num_moe_experts
     topk: int = 2  # moe_router_topk
     router_score: str = "softmax"
+    force_balance: bool = False  # benchmarks: balanced expert choice so timings ignore routing skew
     aux_loss_coeff: float = 1e-2  # moe_aux_loss_coeff
     seed: int = 0
 
@@ -84,7 +85,9 @@ class Block(nn.Module):
         self.norm1 = nn.RMSNorm(cfg.hidden, eps=1e-6)
         self.attn = CausalSelfAttention(cfg.hidden, cfg.num_heads)
         self.norm2 = nn.RMSNorm(cfg.hidden, eps=1e-6)
-        self.moe = MoELayer(cfg.hidden, cfg.ffn, cfg.num_experts, cfg.topk, group)
+        # Its own seeded init is overwritten by init_parameters (one stream for the whole model).
+        self.moe = MoELayer(cfg.hidden, cfg.ffn, cfg.num_experts, cfg.topk, group, score=cfg.router_score,
+                            force_balance=cfg.force_balance)
 
     def attention(self, x_BSD: torch.Tensor) -> torch.Tensor:
         """First half of the layer: x + attn(norm1(x)) -> residual stream h [B, S, D]."""
@@ -121,16 +124,22 @@ class MoETransformer(nn.Module):
         return F.cross_entropy(logits_BSV.flatten(0, 1), labels_BS.flatten())
 
     def forward(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, *, schedule: str = "none",
-                chunks: int = 1) -> torch.Tensor:
-        """Plain autograd forward; returns lm_loss + aux_loss_coeff * sum(aux losses), a scalar."""
+                chunks: int = 1, comm_stream=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Plain autograd forward through MoELayer's own schedules ("none" | "chunked").
+
+        Returns (lm_loss, objective) with objective = lm_loss + aux_loss_coeff * sum of the layers'
+        aux losses: the function the node path (ep/nodes.py) differentiates too.
+        """
         x_BSD = self.embed(tokens_BS)
         aux = x_BSD.new_zeros((), dtype=torch.float32)
         for blk in self.layers:
             h_BSD = blk.attention(x_BSD)
-            y_TD, aux_l = blk.moe(blk.norm2(h_BSD).flatten(0, 1), schedule=schedule, chunks=chunks)
+            y_TD, aux_l = blk.moe(blk.norm2(h_BSD).flatten(0, 1), schedule=schedule, chunks=chunks,
+                                  comm_stream=comm_stream)
             x_BSD = h_BSD + y_TD.view_as(h_BSD)
             aux = aux + aux_l.float()
-        return self.logits_loss(x_BSD, labels_BS) + self.cfg.aux_loss_coeff * aux
+        lm_loss = self.logits_loss(x_BSD, labels_BS)
+        return lm_loss, lm_loss + self.cfg.aux_loss_coeff * aux
 
 
 @torch.no_grad()

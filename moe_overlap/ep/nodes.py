@@ -83,9 +83,8 @@ class _Unpermute(torch.autograd.Function):
 class LayerRun:
     """One layer x one micro-batch: the four nodes' forward and backward, as start/wait pieces."""
 
-    def __init__(self, block, ctx: NodeContext, aux_loss_coeff: float, router_score: str) -> None:
-        self.block, self.ctx = block, ctx
-        self.aux_coeff, self.router_score = aux_loss_coeff, router_score
+    def __init__(self, block, ctx: NodeContext, aux_loss_coeff: float) -> None:
+        self.block, self.ctx, self.aux_coeff = block, ctx, aux_loss_coeff
         self.handle: A2AHandle | None = None
 
     # ------------------------------------------------------------------ forward
@@ -96,10 +95,12 @@ class LayerRun:
         with torch.enable_grad():
             self.h_BSD = blk.attention(self.x_in)
             z_TD = blk.norm2(self.h_BSD).flatten(0, 1)
-            routing = route(z_TD, moe.router.weight, topk=moe.topk, score=self.router_score)
+            routing = route(z_TD, moe.router.weight, topk=moe.topk, score=moe.score, normalize=moe.normalize,
+                            force_balance=moe.force_balance)
             x_ND, pplan = permute(z_TD, routing, moe.num_experts)
-            # The aux loss's gradient enters here, scaled like the micro-batch loss it belongs to.
-            self.x_ND = attach_aux_losses(x_ND, routing, self.aux_coeff * self.ctx.grad_scale, 0.0)
+            # The router losses' gradients enter here, scaled like the micro-batch loss they belong to.
+            scale = self.ctx.grad_scale
+            self.x_ND = attach_aux_losses(x_ND, routing, self.aux_coeff * scale, moe.z_loss_coeff * scale)
             self.probs_TK = routing.probs_TK
         # The layer's one host sync: splits must be host ints for the all-to-all (dispatcher.py).
         (send_E,), (recv_RL,) = exchange_counts(pplan.tokens_per_expert_E.unsqueeze(0),
@@ -183,7 +184,7 @@ class MicroBatchRun:
         self.model, self.ctx = model, ctx
         self.tokens_BS, self.labels_BS = tokens_BS, labels_BS
         cfg = model.cfg
-        self.layers = [LayerRun(blk, ctx, cfg.aux_loss_coeff, cfg.router_score) for blk in model.layers]
+        self.layers = [LayerRun(blk, ctx, cfg.aux_loss_coeff) for blk in model.layers]
         self.loss: torch.Tensor | None = None  # detached value, read on the host only at the very end
 
     def embed_forward(self) -> torch.Tensor:

@@ -85,11 +85,12 @@ def reduce_gradients(model, group) -> None:
             p.grad.div_(world)
 
 
-def _chunked(model, batches, chunks: int) -> list[torch.Tensor]:
+def _chunked(model, batches, chunks: int, comm_stream) -> list[torch.Tensor]:
     losses = []
     scale = 1.0 / len(batches)
     for tokens_BS, labels_BS in batches:
-        lm_loss, objective = model(tokens_BS, labels_BS, schedule="chunked", chunks=chunks)
+        lm_loss, objective = model(tokens_BS, labels_BS, schedule="chunked", chunks=chunks,
+                                    comm_stream=comm_stream)
         objective.backward(torch.full_like(objective, scale))
         losses.append(lm_loss.detach())
     return losses
@@ -118,7 +119,7 @@ def forward_backward(
     model.zero_grad(set_to_none=True)
     notes: list[str] = []
     if schedule == "chunked":
-        loss_ts = _chunked(model, batches, chunks)
+        loss_ts = _chunked(model, batches, chunks, streams)
     else:
         store = WgradStore() if delay_wgrad else None
         ctx = NodeContext(group=group, comm_stream=streams, store=store, grad_scale=1.0 / len(batches))

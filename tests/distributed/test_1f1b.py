@@ -27,14 +27,14 @@ def _batches(rank: int, step: int, cfg, num: int, batch: int = 2, seq: int = 8):
     return out
 
 
-def _train(cfg, group, rank, schedule, delay, micro_batches):
+def _train(cfg, group, rank, schedule, delay, micro_batches, steps=STEPS):
     from moe_overlap.ep.model import MoETransformer
     from moe_overlap.ep.step import forward_backward
 
     model = MoETransformer(cfg, group)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses, grads, notes = [], None, []
-    for step in range(STEPS):
+    for step in range(steps):
         res = forward_backward(model, _batches(rank, step, cfg, micro_batches), schedule=schedule,
                                delay_wgrad=delay, chunks=1, group=group)
         losses.append(res.losses)
@@ -48,14 +48,53 @@ def _train(cfg, group, rank, schedule, delay, micro_batches):
     return {"losses": losses, "grads": grads, "params": params, "notes": notes}
 
 
-def _body(rank, world, group, cfg_kwargs):
+def _body(rank, world, group, cfg_kwargs, extras):
     from moe_overlap.ep.model import ModelConfig
 
     cfg = ModelConfig(**cfg_kwargs)
     out = {f"{s}+{d}": _train(cfg, group, rank, s, d, MICRO_BATCHES) for s, d in MODES}
-    out["single"] = _train(cfg, group, rank, "1f1b", True, 1)
-    out["single_ref"] = _train(cfg, group, rank, "none", False, 1)
+    if extras:  # schedule-shape checks, once (world 2): the CPU budget of CI is small
+        out["single"] = _train(cfg, group, rank, "1f1b", True, 1, steps=2)
+        out["single_ref"] = _train(cfg, group, rank, "none", False, 1, steps=2)
+        out["trace"] = _trace_1f1b(cfg, group, rank)
     return out
+
+
+def _trace_1f1b(cfg, group, rank):
+    """Node order of one 1f1b + delayed-wgrad step with 2 micro-batches: [(node, micro-batch, layer)]."""
+    from moe_overlap.ep import nodes, wgrad
+    from moe_overlap.ep.model import MoETransformer
+    from moe_overlap.ep.step import forward_backward
+
+    model = MoETransformer(cfg, group)
+    trace, tags = [], {}
+    layer_of = {id(blk): i for i, blk in enumerate(model.layers)}
+
+    def wrap(name):
+        orig = getattr(nodes.LayerRun, name)
+
+        def traced(self, *a):
+            if id(self) not in tags:
+                tags[id(self)] = len(tags) // len(model.layers)  # LayerRuns are built micro-batch by micro-batch
+            trace.append((name, tags[id(self)], layer_of[id(self.block)]))
+            return orig(self, *a)
+        return orig, traced
+
+    names = [n for n in vars(nodes.LayerRun) if n.endswith(("_forward", "_backward", "_start", "_wait"))]
+    origs = {}
+    orig_run_all = wgrad.WgradStore.run_all
+    try:
+        for n in names:
+            origs[n], traced = wrap(n)
+            setattr(nodes.LayerRun, n, traced)
+        wgrad.WgradStore.run_all = lambda self: trace.append(("wgrad", self.pending, -1)) or orig_run_all(self)
+        forward_backward(model, _batches(rank, 0, cfg, 2), schedule="1f1b", delay_wgrad=True, chunks=1,
+                         group=group)
+    finally:
+        for n, f in origs.items():
+            setattr(nodes.LayerRun, n, f)
+        wgrad.WgradStore.run_all = orig_run_all
+    return trace
 
 
 def _assert_bitwise(ref: dict, got: dict, what: str) -> None:
@@ -71,7 +110,7 @@ def _assert_bitwise(ref: dict, got: dict, what: str) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_1f1b_bitwise_equals_sequential(world):
     cfg = dict(vocab_size=32, hidden=16, ffn=16, num_heads=2, num_layers=2, num_experts=8, topk=2, seed=3)
-    results = run_ranks(_body, world=world, args=(cfg,), timeout=150)
+    results = run_ranks(_body, world=world, args=(cfg, world == 2), timeout=240)
     for rank, res in enumerate(results):
         ref = res["none+False"]
         assert all(len(ls) == MICRO_BATCHES for ls in ref["losses"])
@@ -79,13 +118,40 @@ def test_1f1b_bitwise_equals_sequential(world):
         assert any(abs(g).sum() > 0 for n, g in ref["grads"].items() if "experts" in n)
         _assert_bitwise(ref, res["1f1b+False"], f"rank {rank} 1f1b")
         _assert_bitwise(ref, res["1f1b+True"], f"rank {rank} 1f1b+delayed wgrad")
-        _assert_bitwise(res["single_ref"], res["single"], f"rank {rank} 1f1b with one micro-batch")
-        assert any("single-micro-batch" in n for n in res["single"]["notes"])
         assert not res["1f1b+True"]["notes"]
+        if world == 2:
+            _assert_bitwise(res["single_ref"], res["single"], f"rank {rank} 1f1b with one micro-batch")
+            assert any("single-micro-batch" in n for n in res["single"]["notes"])
+            _check_trace(res["trace"], cfg["num_layers"])
     # Replicated parameters stay replicated (gradients are averaged over the group).
     for name, p in results[0]["1f1b+True"]["params"].items():
         if "experts" not in name:
             assert all((r["1f1b+True"]["params"][name] == p).all() for r in results[1:]), name
+
+
+def _expected_overlapped_step(num_layers: int) -> list[tuple[str, int, int]]:
+    """ANCHORS.md section 3, per layer pair: forward layer i of micro-batch 1 | backward layer L-1-i of 0."""
+    out = []
+    for i in range(num_layers):
+        f, b = (1, i), (0, num_layers - 1 - i)
+        out += [("combine_backward_start", *b), ("pre_forward", *f), ("combine_backward_wait", *b),
+                ("dispatch_forward_start", *f), ("experts_backward", *b), ("dispatch_backward_start", *b),
+                ("wgrad", 1, -1),  # b's one expert-wgrad closure, under b's backward dispatch
+                ("dispatch_forward_wait", *f), ("experts_forward", *f), ("combine_forward_start", *f),
+                ("dispatch_backward_wait", *b), ("pre_backward", *b), ("combine_forward_wait", *f)]
+    return out
+
+
+def _check_trace(trace, num_layers: int) -> None:
+    fwd = ["pre_forward", "dispatch_forward_start", "dispatch_forward_wait", "experts_forward",
+           "combine_forward_start", "combine_forward_wait"]
+    first = [(n, 0, i) for i in range(num_layers) for n in fwd]
+    pair = _expected_overlapped_step(num_layers)
+    assert trace[:len(first)] == first, "micro-batch 0 forward must run alone first"
+    assert trace[len(first):len(first) + len(pair)] == pair, "overlapped step out of ANCHORS section 3 order"
+    rest = trace[len(first) + len(pair):]
+    assert {mb for _, mb, layer in rest if layer >= 0} == {1}, "only micro-batch 1's backward runs alone last"
+    assert [layer for n, _, layer in rest if n == "pre_backward"] == list(range(num_layers))[::-1]
 
 
 @pytest.mark.parametrize("schedule", ["none", "chunked"])
