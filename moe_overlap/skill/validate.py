@@ -61,6 +61,21 @@ def _run(rule: Rule, ctx: Ctx) -> Finding | None:
                    fix=rule.fix, source=rule.source)
 
 
+def _field_name_notes(cfg, line) -> list[Finding]:
+    """The CUDA-graph scope field is `cuda_graph_scope` up to megatron-core 0.17, `cuda_graph_modules` from 0.18."""
+    renamed = any(n.path == "model.cuda_graph_modules" for n in cfg.notes)
+    if line >= (0, 18) and "cuda_graph_scope" in cfg.model.model_fields_set and not renamed:
+        return [Finding(rule="config:renamed-field", severity="info", path="model.cuda_graph_scope",
+                        message="megatron-core >= 0.18 calls this field cuda_graph_modules; both names are accepted "
+                                "here, but the training script needs the name of its release",
+                        fix="rename model.cuda_graph_scope to model.cuda_graph_modules for megatron-core >= 0.18")]
+    if line < (0, 18) and renamed:
+        return [Finding(rule="config:renamed-field", severity="info", path="model.cuda_graph_modules",
+                        message="megatron-core <= 0.17 calls this field cuda_graph_scope",
+                        fix="rename model.cuda_graph_modules to model.cuda_graph_scope for megatron-core <= 0.17")]
+    return []
+
+
 def validate_config(source: Any = None, *, overrides: Sequence[str] = (), argv: str | Sequence[str] | None = None,
                     torch_version: str | None = None, te_version: str | None = None, gpu: str | None = None,
                     megatron_core_version: str | None = None,
@@ -83,6 +98,7 @@ def validate_config(source: Any = None, *, overrides: Sequence[str] = (), argv: 
     findings = [f for rule in rules if (f := _run(rule, ctx)) is not None]
     findings += [Finding(rule=f"config:{n.kind}", severity="info", path=n.path, message=n.message)
                  for n in cfg.notes]
+    findings += _field_name_notes(cfg, selection.line)
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order[f.severity])
     rule_set = RuleSet(

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from moe_overlap.skill.config import ConfigError, ModelSection, OverlapConfig, parse_config
 from moe_overlap.skill.validate import validate_config
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
                     st.text(max_size=12))

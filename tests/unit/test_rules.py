@@ -188,3 +188,15 @@ def test_seed_configs_clean_with_torch_2_6_and_fail_with_2_5(name):
 def test_examples_are_plain_yaml_mappings():
     for path in EXAMPLES.glob("ep-overlap-*.yaml"):
         assert isinstance(yaml.safe_load(path.read_text()), dict)
+
+
+def test_cuda_graph_field_name_follows_the_release():
+    def notes(model, version):
+        result = validate_config({"model": model}, detect=False, env={}, megatron_core_version=version)
+        return [f.fix for f in result.findings if f.rule == "config:renamed-field" and f.fix]
+
+    assert notes({"cuda_graph_scope": ["attn"]}, "0.16.1") == []
+    assert "cuda_graph_modules for megatron-core >= 0.18" in notes({"cuda_graph_scope": ["attn"]}, "0.18.0")[0]
+    assert notes({"cuda_graph_modules": ["attn"]}, "0.19.0") == []
+    assert any("cuda_graph_scope for megatron-core <= 0.17" in n for n in notes({"cuda_graph_modules": ["attn"]},
+                                                                                 "0.16.1"))
