@@ -105,12 +105,14 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
     dense = req.dense_tflops or (gpu.dense_tflops if gpu else None) or (cal.dense_tflops if cal else None) or tflops
     mem = req.mem_gbps or (gpu.mem_gbps if gpu else None) or (cal.mem_gbps if cal else None)
     lat_default = (cal.a2a_latency_us if cal else None)
+    overhead = req.overhead_ms if req.overhead_ms is not None else (cal.overhead_ms if cal else 0.0)
     if cal:
         sources.append(f"calibration: {cal.source}")
     return ResolvedHardware(
         expert_tflops=tflops, dense_tflops=dense, mem_gbps=mem,
         intra_gbps=intra_gbps * eff, inter_gbps=(inter_gbps * eff) if inter_gbps else None,
-        a2a_efficiency=eff,
+        a2a_efficiency=eff, act_ns_per_elem=cal.act_ns_per_elem if cal else None,
+        perm_ns_per_elem=cal.perm_ns_per_elem if cal else None, overhead_ms=overhead,
         intra_latency_us=lat_default if lat_default is not None else (intra.latency_us if intra else 15.0),
         inter_latency_us=lat_default if lat_default is not None else (inter.latency_us if inter else 30.0),
         overlap_efficiency=req.overlap_efficiency if req.overlap_efficiency is not None
@@ -132,10 +134,18 @@ def _per_layer(req: EstimateRequest, h: ResolvedHardware) -> PerLayer:
     latency = (h.inter_latency_us if inter_bytes else h.intra_latency_us) / 1e3 if n > 1 else 0.0
     gemm_fwd = 6.0 * d * f * routed  # w1: 2*D*2F, w2: 2*F*D per routed token
     router_fwd = 2.0 * req.tokens * d * req.experts
-    # Memory-bound passes per routed token: permute gather (read+write D), sort by local expert (read+write
-    # D), SwiGLU (read 2F, write F), unpermute + weighted sum (read D); backward moves about twice that.
-    mem_fwd = routed * b * (5 * d + 3 * f) + req.tokens * d * b
-    mem_ms = (mem_fwd / (h.mem_gbps * 1e9) * ms) if h.mem_gbps else 0.0
+    # Row gathers per routed token, read + write, forward: permute, sort by local expert, unsort,
+    # unpermute (2D elements each); the backward moves the same.
+    if h.perm_ns_per_elem is not None:
+        perm_ms = routed * d * h.perm_ns_per_elem / 1e6
+    else:
+        perm_ms = (routed * 16 * d * b / (h.mem_gbps * 1e9) * ms) if h.mem_gbps else 0.0
+    # SwiGLU per routed token: a fused kernel reads 2F and writes F forward, reads 3F and writes 2F
+    # backward (8F elements); a calibration measures our own (unfused) kernels' cost per element instead.
+    if h.act_ns_per_elem is not None:
+        act_ms = routed * f * h.act_ns_per_elem / 1e6
+    else:
+        act_ms = (routed * 8 * f * b / (h.mem_gbps * 1e9) * ms) if h.mem_gbps else 0.0
     return PerLayer(
         routed_tokens=routed,
         expert_gflop_fwd=gemm_fwd / 1e9, expert_gflop_dgrad=gemm_fwd / 1e9, expert_gflop_wgrad=gemm_fwd / 1e9,
@@ -143,20 +153,22 @@ def _per_layer(req: EstimateRequest, h: ResolvedHardware) -> PerLayer:
         a2a_ms=link * ms, a2a_latency_ms=latency,
         expert_fwd_ms=gemm_fwd / (h.expert_tflops * 1e12) * ms,
         router_fwd_ms=router_fwd / (h.dense_tflops * 1e12) * ms,
-        mem_fwd_ms=mem_ms, attn_fwd_ms=req.attn_ms,
+        permute_ms=perm_ms, activation_ms=act_ms, attn_fwd_ms=req.attn_ms, overhead_ms=h.overhead_ms,
     )
 
 
-def _nodes(req: EstimateRequest, p: PerLayer) -> NodeTimes:
-    half_over = req.overhead_ms / 2
+def _nodes(p: PerLayer) -> NodeTimes:
+    """Split the per-layer costs over the nodes: gathers are 1/8 each of permute, sort, unsort, unpermute
+    per pass; the activation is 3/8 forward, 5/8 backward; the host overhead half before each pass."""
+    g, a, o = p.permute_ms / 8, p.activation_ms, p.overhead_ms / 2
     return NodeTimes(
-        pre_f=p.attn_fwd_ms + p.router_fwd_ms + 0.4 * p.mem_fwd_ms + half_over,
-        mlp_f=p.expert_fwd_ms + 0.4 * p.mem_fwd_ms,
-        post_f=0.2 * p.mem_fwd_ms,
-        post_b=0.4 * p.mem_fwd_ms,
-        dgrad_b=p.expert_fwd_ms + 0.8 * p.mem_fwd_ms,
+        pre_f=p.attn_fwd_ms + p.router_fwd_ms + g + o,
+        mlp_f=p.expert_fwd_ms + 2 * g + 3 / 8 * a,
+        post_f=g,
+        post_b=g + o,
+        dgrad_b=p.expert_fwd_ms + 2 * g + 5 / 8 * a,
         wgrad_b=p.expert_fwd_ms,
-        pre_b=2 * p.attn_fwd_ms + 2 * p.router_fwd_ms + 0.8 * p.mem_fwd_ms + half_over,
+        pre_b=2 * p.attn_fwd_ms + 2 * p.router_fwd_ms + g,
         a2a=p.a2a_ms, a2a_latency=p.a2a_latency_ms, count_exchange=p.a2a_latency_ms,
     )
 
@@ -167,7 +179,7 @@ def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
     multi_node = req.ep > req.gpus_per_node
     h = _hardware(req, multi_node)
     p = _per_layer(req, h)
-    nodes = _nodes(req, p)
+    nodes = _nodes(p)
     eff = h.overlap_efficiency
     m, L = req.micro_batches, req.layers
 

@@ -19,7 +19,11 @@ class Calibration(BaseModel):
 
     expert_tflops: float = Field(gt=0, description="grouped expert GEMM rate, TFLOP/s")
     dense_tflops: float = Field(gt=0, description="plain matmul rate, TFLOP/s")
-    mem_gbps: float = Field(gt=0, description="gather/scatter copy rate, GB/s")
+    mem_gbps: float = Field(gt=0, description="row gather (index_select) rate, bytes read + written, GB/s")
+    perm_ns_per_elem: float | None = Field(None, ge=0, description="gathers and weighting (permute, sort, "
+                                           "unsort, unpermute), forward + backward, ns per routed token per D element")
+    act_ns_per_elem: float | None = Field(None, ge=0, description="SwiGLU forward + backward cost per routed "
+                                          "token per F element, ns (our kernels, not fused)")
     a2a_gbps: float = Field(gt=0, description="all-to-all bandwidth per rank per direction (already achieved)")
     a2a_latency_us: float = Field(ge=0, description="fixed cost of one all-to-all")
     overlap_efficiency: float = Field(ge=0, le=1, description="share of the shorter of (a2a, matmul) hidden "
@@ -52,7 +56,8 @@ class EstimateRequest(BaseModel):
     dense_tflops: float | None = Field(None, gt=0, description="router/dense GEMM TFLOP/s (default: tflops)")
     mem_gbps: float | None = Field(None, gt=0, description="memory-bound kernel GB/s (permute, activation)")
     attn_ms: float = Field(0.0, ge=0, description="attention/dense forward time per layer per micro-batch")
-    overhead_ms: float = Field(0.0, ge=0, description="fixed host cost per layer per micro-batch (fwd+bwd)")
+    overhead_ms: float | None = Field(None, ge=0, description="fixed host cost per layer per micro-batch (fwd+bwd); "
+                                      "default: the calibration's, else 0")
     other_ms: float = Field(0.0, ge=0, description="time per step outside the layers, never overlapped")
     chunks: int = Field(4, ge=2, description="token chunks of the 'chunked' schedule")
     chunk_backward: bool = Field(True, description="the chunked schedule also pipelines the backward pass")
@@ -71,6 +76,9 @@ class ResolvedHardware(BaseModel):
     intra_gbps: float = Field(description="achieved intra-node all-to-all GB/s (nominal x efficiency)")
     inter_gbps: float | None
     a2a_efficiency: float
+    perm_ns_per_elem: float | None = Field(description="calibrated gather cost; None: 16*D elements at mem_gbps")
+    act_ns_per_elem: float | None = Field(description="calibrated SwiGLU cost; None: fused kernel at mem_gbps")
+    overhead_ms: float
     intra_latency_us: float
     inter_latency_us: float
     overlap_efficiency: float
@@ -91,8 +99,10 @@ class PerLayer(BaseModel):
     a2a_latency_ms: float
     expert_fwd_ms: float = Field(description="expert GEMMs forward (dgrad and wgrad take the same each)")
     router_fwd_ms: float
-    mem_fwd_ms: float = Field(description="memory-bound passes forward (backward: twice)")
+    permute_ms: float = Field(description="row gathers (permute, sort, unsort, unpermute), forward + backward")
+    activation_ms: float = Field(description="SwiGLU elementwise work, forward + backward")
     attn_fwd_ms: float
+    overhead_ms: float
 
 
 class ScheduleEstimate(BaseModel):

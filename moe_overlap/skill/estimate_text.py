@@ -21,8 +21,12 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
         "6*D*F and wgrad 6*D*F; SwiGLU's elementwise work counted as memory traffic",
         f"expert GEMMs at {h.expert_tflops:g} TFLOP/s at every chunk size (smaller chunks run slower in "
         "practice: the chunked estimate is optimistic for many chunks)",
-        "memory-bound passes (permute, sort, SwiGLU, unpermute) read/write about routed*(5D+3F)+T*D elements "
-        "forward and twice that backward" + ("" if h.mem_gbps else "; not modelled (no mem_gbps given)"),
+        (f"row gathers and weighting (permute, sort, unsort, unpermute) cost the calibrated {h.perm_ns_per_elem:g} ns per routed "
+         "token per D element (forward + backward)" if h.perm_ns_per_elem is not None
+         else "row gathers (permute, sort, unsort, unpermute) read and write 8*D elements per routed token in "
+         "each pass" + (f" at {h.mem_gbps:g} GB/s" if h.mem_gbps else ": not modelled (no mem_gbps given)")),
+        (f"SwiGLU costs the calibrated {h.act_ns_per_elem:g} ns per routed token per F element (forward + backward)" if h.act_ns_per_elem is not None else
+         "SwiGLU is one fused kernel: 8*F elements per routed token (forward 3F, backward 5F) at the memory rate"),
         f"attention/dense forward {req.attn_ms:g} ms per layer and micro-batch, backward twice that",
         "the forward dispatch first exchanges token counts (one more all-to-all latency)",
         f"overlap efficiency {h.overlap_efficiency:.2f}: step = serial - efficiency x (serial - ideal two-stream "
@@ -35,8 +39,8 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
         "optimizer step, shared experts, recomputation, kernel launch gaps"
         + (f"; other_ms={req.other_ms:g} per step added unchanged to every schedule" if req.other_ms else ""),
     ]
-    if req.overhead_ms:
-        out.append(f"fixed host cost {req.overhead_ms:g} ms per layer and micro-batch (never overlapped)")
+    if h.overhead_ms:
+        out.append(f"fixed host cost {h.overhead_ms:g} ms per layer and micro-batch (never overlapped)")
     return out
 
 

@@ -87,8 +87,13 @@ def _backward(tl: Timeline, n: NodeTimes, after: float, chunks: int) -> float:
     for c in range(chunks):
         if c + 1 < chunks:
             comb[c + 1] = tl.add("comm", c_a2a, t)
-        m = tl.add("compute", (n.dgrad_b + n.wgrad_b) / chunks, comb[c])
-        ends.append(tl.add("comm", c_a2a, m))
+        if chunks == 1:  # plain autograd: the experts' node computes dgrad and wgrad before passing on
+            m = tl.add("compute", n.dgrad_b + n.wgrad_b, comb[c])
+            ends.append(tl.add("comm", c_a2a, m))
+        else:  # chunked: the grad all-to-all of chunk c starts after its dgrad; its wgrad runs beside it
+            m = tl.add("compute", n.dgrad_b / chunks, comb[c])
+            ends.append(tl.add("comm", c_a2a, m))
+            tl.add("compute", n.wgrad_b / chunks, m)
     return tl.add("compute", n.pre_b, *ends)
 
 

@@ -1,20 +1,24 @@
-"""Measure this machine for the estimator: GEMM rate, copy rate, all-to-all cost, overlap efficiency.
+"""Measure this machine for the estimator: GEMM rate, activation and gather cost, all-to-all, overlap.
 
-``calibrate()`` is torch-free in the caller: it spawns ``world`` ranks (gloo on CPU, NCCL on CUDA), and each
-rank measures with our own implementation (``moe_overlap.ep.experts.GroupedExperts`` for the expert GEMMs,
-``torch.distributed.all_to_all_single`` as ``ep.all_to_all`` calls it). Every number is the median of
-``repeats`` timed runs after warm-up, and the slowest rank's median (collectives finish together). The
-machine may be shared (the CI/dev boxes here have 2 cores shared by several jobs): medians damp that,
-they do not remove it.
+``calibrate()`` keeps the caller torch-free: it spawns ``world`` ranks (gloo on CPU, NCCL on CUDA) and each
+rank times small probes built from our own implementation (``moe_overlap.ep``: GroupedExperts, route,
+dispatch, combine; ``torch.distributed.all_to_all_single`` as ``ep.all_to_all`` calls it).
 
-What is measured (all on ``world`` ranks at once, each rank with one intra-op thread on CPU):
-* expert_tflops: GroupedExperts forward + backward (dgrad and wgrad), 18*D*F FLOPs per row.
-* dense_tflops: a square matmul.
-* mem_gbps: a row gather (``index_select``), bytes read + written.
-* a2a: ``all_to_all_single`` with a tiny and a large buffer: latency = tiny time; bandwidth = bytes that
-  leave the rank / (large time - latency).
-* overlap_efficiency: an async all-to-all started beside a matmul loop of about the same length;
-  efficiency = (t_mm + t_a2a - t_both) / min(t_mm, t_a2a), clipped to [0, 1].
+Probes run in rounds (every probe once per round, each between two barriers); a probe's time is the
+median over rounds of the slowest rank's time (collectives finish together). Rounds interleave the probes
+so that a machine shared with other jobs (the 2-core dev/CI boxes here) loads them alike; medians damp
+that noise, they do not remove it. ``benchmarks/estimate_vs_measured.py`` interleaves these same probes
+with its measured layers.
+
+Derived numbers:
+* expert GEMM rate and SwiGLU cost: GroupedExperts forward + backward at two hidden sizes D1 < D2 (same F,
+  same rows): t = rows * (18*D*F / rate + F * act), two equations, two unknowns.
+* dense_tflops: a square matmul. mem_gbps: a row gather (``index_select``), bytes read + written.
+* all-to-all: latency = time of a tiny one; bandwidth = bytes leaving the rank / (large time - latency).
+* overlap_efficiency: an async all-to-all beside a matmul loop of about its length:
+  (t_mm + t_a2a - t_both) / min(t_mm, t_a2a), clipped to [0, 1].
+* overhead_ms: a tiny MoE layer forward + backward (route, dispatch, experts, combine) minus the latency
+  of its 5 collectives (count exchange + 4 all-to-alls): the host cost the shape-dependent terms miss.
 """
 
 from __future__ import annotations
@@ -28,136 +32,206 @@ from collections.abc import Callable
 from moe_overlap.skill.estimate_model import Calibration
 from moe_overlap.verify.ranks import RanksFailed, run_ranks
 
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# (tokens, hidden, ffn, experts, topk) of the no-communication layer probes (CPU sizes; x scale on GPU
+# for tokens only). Chosen apart from the benchmark's shapes: the fit is checked on shapes it never saw.
+LOCAL_SHAPES = [(64, 64, 64, 4, 1), (256, 128, 128, 4, 2), (512, 512, 64, 4, 2), (256, 256, 512, 4, 2),
+                (1024, 128, 256, 8, 1), (128, 512, 256, 4, 4)]
+A2A_BYTES = [64, 256 * 1024, 1024 * 1024, 4 * 1024 * 1024]
+
 
 class CalibrationFailed(RuntimeError):
     pass
 
 
-def _timed(fn: Callable[[], object], sync: Callable[[], None], repeats: int, warmup: int = 2) -> float:
-    """Median seconds of ``fn`` (each run between two barriers)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _measure(rank: int, world: int, dtype_name: str, device_name: str, repeats: int, scale: float) -> dict:
-    """Runs in each spawned rank."""
+def make_probes(rank: int, world: int, precision: str, device_name: str, scale: float) -> tuple[dict, dict]:
+    """Build the probes in a spawned rank: returns (name -> zero-arg callable, sizes for the maths)."""
     import torch
     import torch.distributed as dist
 
-    from moe_overlap.ep.experts import GroupedExperts
+    from moe_overlap.ep.layer import MoELayer
 
     device = torch.device(device_name)
-    if device.type == "cuda":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-        device = torch.device("cuda", torch.cuda.current_device())
-    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype_name])
+    dtype = getattr(torch, DTYPES[precision])
     esize = torch.empty((), dtype=dtype).element_size()
+    torch.manual_seed(1234 + rank)
+    sizes = {"rows": int(1024 * scale), "d": int(512 * scale), "mm_n": int(512 * scale), "esize": esize}
+    probes: dict[str, Callable[[], object]] = {}
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dist.barrier()
+    # Our MoE layer on a group of one rank (no collective: the all-to-alls short-cut to the identity), at
+    # several shapes: its compute cost per GEMM FLOP, per routed row per D and per F element, and fixed.
+    singles = [dist.new_group([r]) for r in range(world)]  # every rank must create every group
+    for i, (t, d, f, e, k) in enumerate(LOCAL_SHAPES):
+        layer = MoELayer(d, f, e, k, singles[rank], force_balance=True, dtype=dtype, device=device, seed=i)
+        x = torch.randn(t, d, dtype=dtype, device=device, requires_grad=True)
+        gy = torch.randn(t, d, dtype=dtype, device=device)
 
-    torch.manual_seed(rank)
-    out: dict = {}
-    # Expert GEMMs: a mid-sized CPU shape (scaled up on GPU so the GPU is not launch-bound).
-    d, f, local, rows = (int(512 * scale), int(512 * scale), 4, int(2048 * scale))
-    experts = GroupedExperts(local, d, f, dtype=dtype, device=device)
-    with torch.no_grad():
-        experts.w1.normal_(0, 0.02)
-        experts.w2.normal_(0, 0.02)
-    x = torch.randn(rows, d, dtype=dtype, device=device, requires_grad=True)
-    counts = [rows // local] * local
-    gy = torch.randn(rows, d, dtype=dtype, device=device)
+        def run(layer=layer, x=x, gy=gy) -> None:
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+            layer(x)[0].backward(gy)
+        probes[f"local_{i}"] = run
 
-    def expert_step() -> None:
-        experts.w1.grad = experts.w2.grad = x.grad = None
-        experts(x, counts).backward(gy)
-
-    out["expert_tflops"] = 18.0 * d * f * rows / _timed(expert_step, sync, repeats) / 1e12
-    n = int(1024 * scale)
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    out["dense_tflops"] = 2.0 * n**3 / _timed(lambda: a @ b, sync, repeats) / 1e12
-    src = torch.randn(rows * 4, d, dtype=dtype, device=device)
-    idx = torch.randperm(rows * 4, device=device)
-    out["mem_gbps"] = 2.0 * src.numel() * esize / _timed(lambda: src.index_select(0, idx), sync, repeats) / 1e9
-
-    small = torch.randn(world * 8, dtype=dtype, device=device)
-    t_small = _timed(lambda: dist.all_to_all_single(torch.empty_like(small), small), sync, repeats)
-    big = torch.randn(int(4 * 1024 * 1024 * scale) // esize * world // world, dtype=dtype, device=device)
-    big = big[: big.numel() // world * world]
-    t_big = _timed(lambda: dist.all_to_all_single(torch.empty_like(big), big), sync, repeats)
-    off_rank = big.numel() * esize * (world - 1) / world
-    out["a2a_latency_us"] = t_small * 1e6
-    out["a2a_gbps"] = off_rank / max(t_big - t_small, 1e-9) / 1e9
-
-    # Overlap: size the matmul loop to take about as long as the big all-to-all.
-    t_mm1 = _timed(lambda: a @ b, sync, max(3, repeats // 2))
-    iters = max(1, round(t_big / t_mm1))
+    a = torch.randn(sizes["mm_n"], sizes["mm_n"], dtype=dtype, device=device)
+    probes["dense"] = lambda: a @ a
+    src = torch.randn(sizes["rows"] * 2, sizes["d"], dtype=dtype, device=device)
+    idx = torch.randperm(src.shape[0], device=device)
+    probes["gather"] = lambda: src.index_select(0, idx)
+    sizes["a2a_off_rank_bytes"] = []
+    for j, nbytes in enumerate(A2A_BYTES):
+        buf = torch.randn(max(world, int(nbytes * scale) // esize // world * world), dtype=dtype, device=device)
+        sizes["a2a_off_rank_bytes"].append(buf.numel() * esize * (world - 1) / world)
+        probes[f"a2a_{j}"] = lambda buf=buf: dist.all_to_all_single(torch.empty_like(buf), buf)
+    big = buf  # the largest one
 
     def mm_loop() -> None:
-        for _ in range(iters):
-            a @ b
+        for _ in range(sizes["mm_iters"]):
+            a @ a
 
     def both() -> None:
         work = dist.all_to_all_single(torch.empty_like(big), big, async_op=True)
         mm_loop()
         work.wait()
 
-    t_mm = _timed(mm_loop, sync, repeats)
-    t_both = _timed(both, sync, repeats)
-    hidden = t_mm + t_big - t_both
-    out["overlap_efficiency"] = min(1.0, max(0.0, hidden / min(t_mm, t_big)))
-    out["raw"] = {"t_small_s": t_small, "t_big_s": t_big, "t_mm_s": t_mm, "t_both_s": t_both, "mm_iters": iters,
-                  "expert_shape": [d, f, local, rows], "a2a_bytes": big.numel() * esize}
-    return out
+    probes["mm_loop"], probes["both"] = mm_loop, both
+    # Size the matmul loop to about one large all-to-all (measured once here, before the rounds).
+    sizes["mm_iters"] = 1
+    t_a2a = min(_time_once(probes[f"a2a_{len(A2A_BYTES) - 1}"], _sync(device)) for _ in range(3))
+    t_mm = min(_time_once(lambda: a @ a, _sync(device)) for _ in range(3))
+    sizes["mm_iters"] = max(1, round(t_a2a / max(t_mm, 1e-9)))
+    return probes, sizes
 
 
-def calibrate(*, backend: str | None = None, world: int = 2, precision: str = "fp32", repeats: int = 7,
+def _sync(device) -> Callable[[], None]:
+    import torch
+    import torch.distributed as dist
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+    return sync
+
+
+def _time_once(fn: Callable[[], object], sync: Callable[[], None]) -> float:
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+def time_round(probes: dict, device_name: str) -> dict[str, float]:
+    """One timed run of every probe (seconds)."""
+    import torch
+
+    sync = _sync(torch.device(device_name))
+    return {name: _time_once(fn, sync) for name, fn in probes.items()}
+
+
+def _calibration_rank(rank: int, world: int, precision: str, device_name: str, scale: float,
+                      rounds: int) -> dict:
+    import torch
+
+    if device_name == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device_name = f"cuda:{torch.cuda.current_device()}"
+    probes, sizes = make_probes(rank, world, precision, device_name, scale)
+    time_round(probes, device_name)  # warm-up
+    return {"sizes": sizes, "rounds": [time_round(probes, device_name) for _ in range(rounds)]}
+
+
+def slowest_median(per_rank: list[dict], name: str) -> float:
+    """Median over rounds of the slowest rank's time for probe ``name``."""
+    rounds = zip(*(r["rounds"] for r in per_rank), strict=True)
+    return statistics.median(max(rank_round[name] for rank_round in rr) for rr in rounds)
+
+
+def fit_nonnegative(features: list[list[float]], targets: list[float]) -> list[float]:
+    """Least squares with every coefficient >= 0 (drop the negative ones and refit; few unknowns)."""
+    n = len(features[0])
+    active = list(range(n))
+    while True:
+        scale = [max(abs(row[j]) for row in features) or 1.0 for j in active]
+        cols = [[row[j] / sc for j, sc in zip(active, scale, strict=True)] for row in features]
+        m = len(active)
+        ata = [[sum(r[i] * r[j] for r in cols) for j in range(m)] + [sum(r[i] * t for r, t in zip(cols, targets, strict=True))]
+               for i in range(m)]
+        for i in range(m):  # Gauss-Jordan with partial pivoting on [A^T A | A^T b]
+            piv = max(range(i, m), key=lambda r: abs(ata[r][i]))
+            ata[i], ata[piv] = ata[piv], ata[i]
+            if abs(ata[i][i]) < 1e-300:
+                continue
+            for r in range(m):
+                if r != i:
+                    fac = ata[r][i] / ata[i][i]
+                    ata[r] = [a - fac * b for a, b in zip(ata[r], ata[i], strict=True)]
+        coef = [ata[i][m] / ata[i][i] / scale[i] if abs(ata[i][i]) >= 1e-300 else 0.0 for i in range(m)]
+        if all(c >= 0 for c in coef) or m == 1:
+            out = [0.0] * n
+            for j, c in zip(active, coef, strict=True):
+                out[j] = max(c, 0.0)
+            return out
+        active = [j for j, c in zip(active, coef, strict=True) if c >= 0] or active[:1]
+
+
+def calibration_from(per_rank: list[dict], *, backend: str, precision: str) -> Calibration:
+    s = per_rank[0]["sizes"]
+    world, rounds = len(per_rank), len(per_rank[0]["rounds"])
+    t = {name: slowest_median(per_rank, name) for name in per_rank[0]["rounds"][0]}
+    dense_tflops = 2.0 * s["mm_n"] ** 3 / t["dense"] / 1e12
+    # Local layer (no comm), forward + backward: t = fixed + gemm_flops/rate + R*D*c_d + R*F*c_f + router,
+    # R = T*K routed rows, gemm_flops = 18*D*F*R; the router GEMMs (6*T*D*E) go at the dense rate.
+    feats, targets = [], []
+    for i, (tok, d, f, e, k) in enumerate(LOCAL_SHAPES):
+        rows = tok * k
+        feats.append([1.0, 18.0 * d * f * rows, rows * d, rows * f])
+        targets.append(t[f"local_{i}"] - 6.0 * tok * d * e / (dense_tflops * 1e12))
+    fixed, sec_per_flop, c_d, c_f = fit_nonnegative(feats, targets)
+    # All-to-all: t = latency + off-rank bytes / bandwidth, fitted over the sizes.
+    sizes = s["a2a_off_rank_bytes"]
+    a2a_t = [t[f"a2a_{j}"] for j in range(len(sizes))]
+    latency, sec_per_byte = fit_nonnegative([[1.0, b] for b in sizes], a2a_t)
+    big = t[f"a2a_{len(sizes) - 1}"]
+    hidden = t["mm_loop"] + big - t["both"]
+    return Calibration(
+        expert_tflops=1.0 / max(sec_per_flop, 1e-18) / 1e12,
+        dense_tflops=dense_tflops,
+        mem_gbps=2.0 * s["rows"] * 2 * s["d"] * s["esize"] / t["gather"] / 1e9,
+        perm_ns_per_elem=c_d * 1e9,
+        act_ns_per_elem=c_f * 1e9,
+        a2a_gbps=1.0 / max(sec_per_byte, 1e-18) / 1e9,
+        a2a_latency_us=latency * 1e6,
+        overlap_efficiency=min(1.0, max(0.0, hidden / min(t["mm_loop"], big))),
+        overhead_ms=fixed * 1e3,
+        source=(f"moe_overlap.verify.calibrate: {backend}, {world} ranks, {precision}, median of {rounds} "
+                f"interleaved rounds (slowest rank), {platform.node()} ({platform.machine()}), "
+                f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%MZ}"),
+    )
+
+
+def calibrate(*, backend: str | None = None, world: int = 2, precision: str = "fp32", rounds: int = 7,
               timeout_s: float = 600.0) -> Calibration:
-    """Spawn ``world`` ranks, measure, and return the slowest rank's numbers as a Calibration."""
+    """Spawn ``world`` ranks, run the probes, return the machine's numbers."""
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
         raise CalibrationFailed("torch is not installed")
-    cuda = backend == "nccl" or (backend is None and _cuda_available())
+    cuda = backend == "nccl" or (backend is None and _cuda_available(world))
     backend = backend or ("nccl" if cuda else "gloo")
     device, scale = ("cuda", 8.0) if cuda else ("cpu", 1.0)
     try:
-        per_rank = run_ranks(_measure, precision, device, repeats, scale, world=world, backend=backend,
+        per_rank = run_ranks(_calibration_rank, precision, device, scale, rounds, world=world, backend=backend,
                              timeout_s=timeout_s)
     except RanksFailed as exc:
         raise CalibrationFailed(str(exc)) from None
-    return calibration_from(per_rank, backend=backend, world=world, precision=precision, repeats=repeats)
+    return calibration_from(per_rank, backend=backend, precision=precision)
 
 
-def calibration_from(per_rank: list[dict], *, backend: str, world: int, precision: str, repeats: int) -> Calibration:
-    """Combine per-rank numbers: the slowest rank sets each rate (collectives wait for it)."""
-    def slowest(key: str) -> float:
-        return min(r[key] for r in per_rank)
-
-    return Calibration(
-        expert_tflops=slowest("expert_tflops"), dense_tflops=slowest("dense_tflops"), mem_gbps=slowest("mem_gbps"),
-        a2a_gbps=slowest("a2a_gbps"), a2a_latency_us=max(r["a2a_latency_us"] for r in per_rank),
-        overlap_efficiency=slowest("overlap_efficiency"),
-        source=(f"moe_overlap.verify.calibrate: {backend}, {world} ranks, {precision}, median of {repeats}, "
-                f"{platform.node()} ({platform.machine()}), {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%MZ}"),
-    )
-
-
-def _cuda_available() -> bool:
+def _cuda_available(world: int) -> bool:
     import subprocess
     import sys
 
     # Asked in a child so this process never imports torch.
-    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else 1)"
+    probe = f"import torch, sys; sys.exit(0 if torch.cuda.device_count() >= {world} else 1)"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120).returncode == 0

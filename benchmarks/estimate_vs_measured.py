@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Predicted vs measured step time of our own MoE layer (forward + backward), CPU, 2 gloo ranks.
+
+    python benchmarks/estimate_vs_measured.py [--rounds 7] [--chunks 4] [--out benchmarks/results/...json]
+
+Each rank builds the calibration probes (``moe_overlap.verify.calibrate``) and one ``MoELayer`` per shape
+(fp32, balanced routing as the estimator assumes). Rounds interleave everything: all probes, then every
+shape with schedule ``none`` and ``chunked``. Every time is the median over rounds of the slowest rank
+(the machine is 2 cores shared with other jobs: medians damp that noise, they do not remove it; the
+load average is recorded). The calibration from the probes feeds ``estimate_overlap_benefit`` for each
+shape; the error is predicted / measured - 1. Goal: within 25% per shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from moe_overlap.skill.estimate import estimate_overlap_benefit, parse_request  # noqa: E402
+from moe_overlap.verify.calibrate import calibration_from, slowest_median  # noqa: E402
+from moe_overlap.verify.ranks import run_ranks  # noqa: E402
+
+# tokens per rank, hidden, expert ffn, experts, top-k: from all-to-all-heavy (small F) to GEMM-heavy.
+SHAPES = [
+    dict(tokens=1024, hidden=512, moe_ffn=64, experts=8, topk=2),
+    dict(tokens=512, hidden=1024, moe_ffn=32, experts=4, topk=4),
+    dict(tokens=1024, hidden=256, moe_ffn=256, experts=8, topk=2),
+    dict(tokens=256, hidden=512, moe_ffn=512, experts=8, topk=2),
+    dict(tokens=2048, hidden=128, moe_ffn=512, experts=16, topk=1),
+    dict(tokens=128, hidden=512, moe_ffn=1024, experts=4, topk=2),
+    dict(tokens=128, hidden=256, moe_ffn=128, experts=8, topk=4),
+]
+GOAL = 0.25
+
+
+def _rank(rank: int, world: int, shapes: list[dict], chunks: int, rounds: int) -> dict:
+    import torch
+
+    from moe_overlap.ep.layer import MoELayer
+    from moe_overlap.verify.calibrate import _sync, _time_once, make_probes, time_round
+
+    probes, sizes = make_probes(rank, world, "fp32", "cpu", 1.0)
+    sync = _sync(torch.device("cpu"))
+    steps = {}
+    for i, s in enumerate(shapes):
+        layer = MoELayer(s["hidden"], s["moe_ffn"], s["experts"], s["topk"], None, force_balance=True, seed=i)
+        gen = torch.Generator().manual_seed(100 * i + rank)
+        x = torch.randn(s["tokens"], s["hidden"], generator=gen, requires_grad=True)
+        g = torch.randn(s["tokens"], s["hidden"], generator=gen)
+        for sched in ("none", "chunked"):
+            def step(layer=layer, x=x, g=g, sched=sched) -> None:
+                layer.zero_grad(set_to_none=True)
+                x.grad = None
+                out, _aux = layer(x, schedule=sched, chunks=chunks if sched == "chunked" else 1)
+                out.backward(g)
+            steps[f"{i}:{sched}"] = step
+
+    def one_round() -> dict:
+        times = time_round(probes, "cpu")
+        times.update({name: _time_once(fn, sync) for name, fn in steps.items()})
+        return times
+
+    one_round()  # warm-up
+    return {"sizes": sizes, "rounds": [one_round() for _ in range(rounds)]}
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    code = "import torch; print(torch.__version__)"
+    out["torch"] = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+    try:
+        from moe_overlap import __version__
+        out["moe_overlap"] = __version__
+    except ImportError:  # pragma: no cover
+        pass
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    out["git"] = rev.stdout.strip()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--chunks", type=int, default=4)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/estimate_vs_measured.json")
+    args = ap.parse_args()
+
+    load_before = os.getloadavg()
+    t0 = time.time()
+    per_rank = run_ranks(_rank, SHAPES, args.chunks, args.rounds, world=2, backend="gloo", timeout_s=1800)
+    cal = calibration_from(per_rank, backend="gloo", precision="fp32")
+    rows = []
+    for i, shape in enumerate(SHAPES):
+        req = parse_request(dict(shape, ep=2, gpus_per_node=2, precision="fp32", chunks=args.chunks,
+                                 calibration=cal.model_dump()))
+        est = {s.name: s for s in estimate_overlap_benefit(req).schedules}
+        row = dict(shape)
+        for sched in ("none", "chunked"):
+            measured = slowest_median(per_rank, f"{i}:{sched}") * 1e3
+            predicted = est[sched].step_ms
+            row[sched] = {"measured_ms": measured, "predicted_ms": predicted, "error": predicted / measured - 1}
+        row["comm_share_predicted"] = est["none"].comm_ms / est["none"].step_ms
+        row["speedup_measured"] = row["none"]["measured_ms"] / row["chunked"]["measured_ms"]
+        row["speedup_predicted"] = est["chunked"].speedup
+        rows.append(row)
+
+    result = {
+        "command": "python benchmarks/estimate_vs_measured.py " + " ".join(sys.argv[1:]),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_before": load_before,
+                    "load_avg_after": os.getloadavg(), "note": "CPU cores shared with other jobs"},
+        "versions": _versions(),
+        "setup": {"world": 2, "backend": "gloo", "threads_per_rank": 1, "precision": "fp32", "rounds": args.rounds,
+                  "chunks": args.chunks, "routing": "balanced (force_balance)", "statistic":
+                  "median over interleaved rounds of the slowest rank", "goal_abs_error": GOAL},
+        "wall_s": time.time() - t0,
+        "calibration": cal.model_dump(),
+        "shapes": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    return 0
+
+
+def table(result: dict) -> str:
+    lines = ["| T | D | F | E | K | comm share (pred.) | none meas. ms | none pred. ms | error | chunked meas. ms "
+             "| chunked pred. ms | error | speedup meas. | speedup pred. |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["shapes"]:
+        n, c = r["none"], r["chunked"]
+        lines.append(f"| {r['tokens']} | {r['hidden']} | {r['moe_ffn']} | {r['experts']} | {r['topk']} "
+                     f"| {r['comm_share_predicted']:.0%} | {n['measured_ms']:.1f} | {n['predicted_ms']:.1f} "
+                     f"| {n['error']:+.0%} | {c['measured_ms']:.1f} | {c['predicted_ms']:.1f} | {c['error']:+.0%} "
+                     f"| {r['speedup_measured']:.2f}x | {r['speedup_predicted']:.2f}x |")
+    within = sum(abs(r["none"]["error"]) <= GOAL for r in result["shapes"])
+    within_c = sum(abs(r["chunked"]["error"]) <= GOAL for r in result["shapes"])
+    n = len(result["shapes"])
+    lines.append(f"\nwithin {GOAL:.0%}: none {within}/{n}, chunked {within_c}/{n}; load average before/after "
+                 f"{result['machine']['load_avg_before'][0]:.1f}/{result['machine']['load_avg_after'][0]:.1f} "
+                 f"on {result['machine']['cpus']} CPUs")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
