@@ -39,6 +39,7 @@ class Job:
     state: JobState = "running"
     progress: dict[str, Any] = field(default_factory=dict)
     progress_count: int = 0
+    first_progress: dict[str, Any] = field(default_factory=dict)
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10))
     result: BaseModel | None = None
     error: str | None = None
@@ -49,6 +50,8 @@ class Job:
     def on_progress(self, event: dict[str, Any]) -> None:
         # Called from the job thread; readers take a copy under the lock.
         with self._lock:
+            if not self.progress_count:
+                self.first_progress = dict(event)
             self.progress = dict(event)
             self.progress_count += 1
             self.recent.append(dict(event))

@@ -12,13 +12,16 @@ Torch-free.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
+logger = logging.getLogger(__name__)
 Handler = Callable[[Any, Context], Awaitable[BaseModel]]
 
 
@@ -29,12 +32,13 @@ def annotations(*, read_only: bool, destructive: bool, idempotent: bool, open_wo
                            idempotentHint=idempotent, openWorldHint=open_world)
 
 
-def _signature(model: type[BaseModel], result: type[BaseModel]) -> inspect.Signature:
+def _signature(model: type[BaseModel], result: type[BaseModel],
+               descriptions: dict[str, str]) -> inspect.Signature:
     params = []
     for name, field in model.model_fields.items():
         # Only the schema-visible parts of the field go into the SDK's argument model; the full
         # validation (validators included) is ArgumentGuard's and the handler's job.
-        info = Field(description=field.description, examples=field.examples,
+        info = Field(description=field.description or descriptions.get(name), examples=field.examples,
                      json_schema_extra=field.json_schema_extra)
         annotation = Annotated[(field.annotation, *field.metadata, info)]
         default = inspect.Parameter.empty if field.is_required() else field.get_default(call_default_factory=True)
@@ -102,8 +106,11 @@ def _describe(model: type[BaseModel], err: dict[str, Any]) -> str:
 
 def add_model_tool(server: MCPServer, guard: ArgumentGuard, *, name: str, input_model: type[BaseModel],
                    result_model: type[BaseModel], handler: Handler, description: str,
-                   hints: ToolAnnotations) -> None:
-    """Register `handler` as tool `name`, taking `input_model`'s fields as arguments."""
+                   hints: ToolAnnotations, descriptions: dict[str, str] | None = None) -> None:
+    """Register `handler` as tool `name`, taking `input_model`'s fields as arguments.
+
+    `descriptions`: for fields of a model owned elsewhere that lack one (every argument needs one).
+    """
 
     async def tool(ctx: Context, **kwargs: Any) -> BaseModel:
         # Arguments already passed ArgumentGuard; validating again applies the model's validators and
@@ -111,14 +118,21 @@ def add_model_tool(server: MCPServer, guard: ArgumentGuard, *, name: str, input_
         try:
             inputs = input_model.model_validate(kwargs)
         except ValidationError as exc:
-            from mcp.server.mcpserver.exceptions import ToolError
-
             raise ToolError(argument_problems(name, input_model, kwargs) or str(exc)) from None
-        return await handler(inputs, ctx)
+        try:
+            return await handler(inputs, ctx)
+        except ToolError:
+            raise
+        except Exception as exc:
+            # A bug, not bad input: the traceback goes to stderr; the model still learns what failed
+            # instead of the SDK's bare "Error executing tool".
+            logger.exception("tool %s crashed", name)
+            raise ToolError(f"internal error in `{name}`: {type(exc).__name__}: {exc}. This is a bug in "
+                            "moe-overlap, not in your input; the server log (stderr) has the traceback.") from exc
 
     tool.__name__ = name
     tool.__doc__ = description
-    tool.__signature__ = _signature(input_model, result_model)  # type: ignore[attr-defined]
+    tool.__signature__ = _signature(input_model, result_model, descriptions or {})  # type: ignore[attr-defined]
     tool.__annotations__ = {"ctx": Context, "return": result_model}
     guard.models[name] = input_model
     server.add_tool(tool, name=name, title=hints.title, description=description, annotations=hints,

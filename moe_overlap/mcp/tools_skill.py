@@ -23,6 +23,11 @@ from moe_overlap.mcp.toolkit import ArgumentGuard, add_model_tool, annotations
 
 logger = logging.getLogger(__name__)
 READ_ONLY = dict(read_only=True, destructive=False, idempotent=True, open_world=False)
+# Fields of skill/ request models that carry no description of their own.
+EXTRA_DESCRIPTIONS = {
+    "precision": "training precision: bf16, fp16 or fp32 (sets the bytes per element sent)",
+    "calibration": "numbers measured on this machine by `moe_overlap.verify.calibrate` (optional)",
+}
 
 
 def as_tool_error(exc: Exception, default_field: str) -> ToolError:
@@ -182,4 +187,5 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
             logger.warning("tool %s not served: %s", name, exc)
             continue
         add_model_tool(server, guard, name=name, input_model=model, result_model=result, handler=handler,
-                       description=description, hints=annotations(title=title, **READ_ONLY))
+                       description=description, hints=annotations(title=title, **READ_ONLY),
+                       descriptions=EXTRA_DESCRIPTIONS)

@@ -27,15 +27,39 @@ POLL_S = 0.25
 CANCEL_WAIT_S = 30.0
 
 
-def _progress_numbers(event: dict[str, Any], count: int) -> tuple[float, float | None, str]:
-    """(progress, total, message) for notifications/progress from one progress event of the run."""
-    message = str(event.get("message") or event.get("phase") or event.get("event") or "running")
-    for done_key, total_key in (("completed", "total"), ("step", "total_steps"), ("done", "total")):
-        if isinstance(event.get(done_key), int | float) and isinstance(event.get(total_key), int | float):
-            return float(event[done_key]), float(event[total_key]), message
-    if isinstance(event.get("fraction"), int | float):
-        return float(event["fraction"]), 1.0, message
-    return float(count), None, message  # monotonic, as the protocol requires
+class ProgressMapper:
+    """Run events -> (progress, total, message) for notifications/progress, never going backwards.
+
+    Steps count across modes: mode i, step s of S is i*S + s out of len(modes)*S. The protocol requires
+    progress to grow; the blocking tool polls, so it may see any subset of the events.
+    """
+
+    def __init__(self) -> None:
+        self.steps: int | None = None
+        self.last = -1.0
+
+    def __call__(self, event: dict[str, Any], first: dict[str, Any]) -> tuple[float, float | None, str] | None:
+        modes = first.get("modes") or []
+        kind, mode = event.get("event"), event.get("mode")
+        if isinstance(event.get("steps"), int):
+            self.steps = event["steps"]
+        total = float(len(modes) * self.steps) if self.steps and modes else None
+        index = modes.index(mode) if mode in modes else 0
+        if kind == "step" and self.steps:
+            done = float(index * self.steps + int(event.get("step", 0)))
+            loss = event.get("loss")
+            message = f"{mode}: step {event.get('step')}/{self.steps}" + (
+                f", loss {loss:.4f}" if isinstance(loss, float) else "")
+        elif kind == "mode":
+            done, message = float(index * (self.steps or 0)), f"mode {mode} ({event.get('schedule')})"
+        elif kind == "done":
+            done, message = (total if total is not None else max(self.last, 0.0)), f"done: {event.get('verdict')}"
+        else:
+            done, message = 0.0, f"starting {len(modes)} mode(s) on {event.get('nproc')} rank(s)"
+        if done < self.last:
+            return None
+        self.last = done
+        return done, total, message
 
 
 def status_of(job: Job, *, with_children: bool = False) -> VerificationStatus:
@@ -66,12 +90,16 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs:
         if any(x is not None for x in (inp.config, inp.config_text, inp.config_path)):
             source = config_source(inp, roots)
         out = runs_dir / f"run-{uuid.uuid4().hex[:12]}"
+        from moe_overlap.verify.plan import VerifyInputError, make_plan
+
         try:
-            return VerifyOptions(config=source, nproc=inp.nproc, device=inp.device, steps=inp.steps,
-                                 micro_batches=inp.micro_batches, modes=inp.modes, schedule=inp.schedule,
-                                 timeout_s=inp.timeout_s, out=out)
-        except ValueError as exc:
-            raise as_tool_error(exc, "options") from None
+            options = VerifyOptions(config=source, nproc=inp.nproc, device=inp.device, steps=inp.steps,
+                                    micro_batches=inp.micro_batches, modes=inp.modes, schedule=inp.schedule,
+                                    timeout_s=inp.timeout_s, out=out)
+            make_plan(options)  # input errors surface here, as a ToolError, before any job starts
+        except (VerifyInputError, ValueError) as exc:
+            raise as_tool_error(exc, "config") from None
+        return options
 
     def start(inp: ins.RunVerificationInput) -> Job:
         options = options_for(inp)
@@ -90,15 +118,16 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs:
         job = start(inp)
         if inp.background:
             return status_of(job)
-        seen = 0
+        seen, mapper = 0, ProgressMapper()
         try:
             while not job.finished.is_set():
                 await anyio.sleep(POLL_S)
                 event, count, _ = job.snapshot()
                 if count != seen:
                     seen = count
-                    done, total, message = _progress_numbers(event, count)
-                    await ctx.report_progress(done, total, message)
+                    update = mapper(event, job.first_progress)
+                    if update is not None:
+                        await ctx.report_progress(*update)
         finally:
             if not job.finished.is_set():
                 # The request was cancelled or the client went away: stop the run and its ranks before

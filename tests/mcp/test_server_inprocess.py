@@ -128,3 +128,63 @@ async def test_estimate(server, mode):
         res = await client.call_tool("estimate_overlap_benefit", args)
     assert not res.is_error, text_of(res)
     assert res.structured_content  # validated against the output schema by the client
+
+
+@pytest.mark.parametrize("mode", PROTOCOL_MODES)
+async def test_validate_generate_round_trip(server, mode):
+    async with connect(server, mode) as client:
+        from_file = await client.call_tool("validate_config", {"config_path": "config.yaml", "torch_version": "2.6.0",
+                                                                "te_version": "2.7.0"})
+        assert not from_file.is_error, text_of(from_file)
+        assert from_file.structured_content["valid"] is True
+        broken = await client.call_tool("validate_config", {
+            "config": {"model": {"expert_model_parallel_size": 1, "num_moe_experts": 8},
+                       "comm_overlap": {"overlap_moe_expert_parallel_comm": True}}})
+        rules = {f["rule"] for f in broken.structured_content["findings"] if f["severity"] == "error"}
+        assert broken.structured_content["valid"] is False and "ep-size-gt-1" in rules
+        flags = await client.call_tool("validate_config", {
+            "argv": "--expert-model-parallel-size 8 --num-experts 64 --overlap-moe-expert-parallel-comm --bf16 "
+                    "--moe-token-dispatcher-type alltoall"})
+        assert not flags.is_error, text_of(flags)
+        generated = await client.call_tool("generate_config", {"ep": 8, "experts": 64, "stage": "overlap"})
+        assert not generated.is_error, text_of(generated)
+        assert generated.structured_content["ok"] is True
+
+
+@pytest.mark.parametrize("mode", PROTOCOL_MODES)
+async def test_logs_and_diagnosis(server, mode, allowed_dir):
+    log = ("overlap_moe_expert_parallel_comm ........ True\nmoe_token_dispatcher_type ....... alltoall\n"
+           "Traceback (most recent call last):\nAssertionError: overlap_moe_expert_parallel_comm requires "
+           "expert_model_parallel_size > 1\n")
+    (allowed_dir / "train.log").write_text(log)
+    async with connect(server, mode) as client:
+        inline = await client.call_tool("check_training_log", {"text": log})
+        from_file = await client.call_tool("check_training_log", {"path": "train.log"})
+        assert not inline.is_error and not from_file.is_error, text_of(inline) + text_of(from_file)
+        assert inline.structured_content == from_file.structured_content
+        assert inline.structured_content["effective_config"]["overlap_moe_expert_parallel_comm"] is True
+        assert inline.structured_content["ok"] is False  # the traceback is reported
+        diag = await client.call_tool("diagnose_failure", {"text": "AssertionError: overlap_moe_expert_parallel_comm "
+                                                                   "requires expert_model_parallel_size > 1",
+                                                           "limit": 3})
+    assert not diag.is_error, text_of(diag)
+    matches = diag.structured_content["matches"]
+    assert 1 <= len(matches) <= 3 and matches[0]["fix"]
+
+
+async def test_blocking_verification_reports_progress(server):
+    events = []
+
+    async def on_progress(progress, total, message):
+        events.append((progress, total, message))
+
+    async with connect(server, "legacy") as client:
+        result = await client.call_tool("run_verification", {"nproc": 2, "steps": 2,
+                                                              "modes": ["baseline", "overlap"]},
+                                        progress_callback=on_progress)
+    assert not result.is_error, text_of(result)
+    status = result.structured_content
+    assert status["state"] == "succeeded" and status["report"]["verdict"] == "passed", status["report"]["summary"]
+    assert [r["mode"] for r in status["report"]["runs"]] == ["baseline", "overlap"]
+    assert events and events[-1][0] == events[-1][1]
+    assert [e[0] for e in events] == sorted(e[0] for e in events)  # progress never goes back

@@ -1,0 +1,81 @@
+"""Cancelling a verification, or losing the client, leaves no child process (checked in /proc)."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from moe_overlap.mcp.jobs import descendant_pids
+from tests.mcp.conftest import connect, text_of
+from tests.mcp.stdio_session import StdioSession, initialize_request
+
+# Long enough that the run is still going when we cancel it; the cancel ends it within seconds.
+LONG_RUN = {"nproc": 2, "steps": 500, "modes": ["baseline", "overlap"], "timeout_s": 600}
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.anyio
+async def test_cancel_verification_kills_every_rank(server):
+    async with connect(server, "legacy") as client:
+        started = await client.call_tool("run_verification", {**LONG_RUN, "background": True})
+        assert not started.is_error, text_of(started)
+        job_id = started.structured_content["job_id"]
+        ranks = await anyio.to_thread.run_sync(lambda: _wait_for(descendant_pids, 60, "rank processes"))
+        assert len(ranks) >= 2
+        status = await client.call_tool("get_verification_status", {"job_id": job_id})
+        assert status.structured_content["state"] == "running"
+        cancelled = await client.call_tool("cancel_verification", {"job_id": job_id, "wait_s": 60})
+    result = cancelled.structured_content
+    assert result["state"] == "cancelled", result
+    assert result["live_child_processes"] == []
+    assert result["report"]["verdict"] == "cancelled"
+    assert not [p for p in ranks if _alive(p)]
+
+
+@pytest.mark.anyio
+async def test_client_gone_during_blocking_run_kills_every_rank(server):
+    ranks: list[int] = []
+    async with connect(server, "legacy") as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "run_verification", LONG_RUN)
+            ranks = await anyio.to_thread.run_sync(lambda: _wait_for(descendant_pids, 60, "rank processes"))
+            tg.cancel_scope.cancel()  # the request is abandoned, then the client disconnects
+    assert ranks
+    await anyio.to_thread.run_sync(lambda: _wait_for(lambda: not descendant_pids(), 30, "ranks to exit"))
+    assert not [p for p in ranks if _alive(p)]
+
+
+def test_stdio_client_closing_stdin_ends_the_run(tmp_path):
+    session = StdioSession("--runs-dir", str(tmp_path))
+    try:
+        session.send(initialize_request(1))
+        session.wait_for(1)
+        session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        session.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                      "params": {"name": "run_verification", "arguments": {**LONG_RUN, "background": True}}})
+        reply = session.wait_for(2, timeout=60)
+        assert reply["result"]["isError"] is False, reply
+        ranks = _wait_for(lambda: descendant_pids(session.proc.pid), 60, "rank processes")
+    finally:
+        code = session.close(timeout=60)
+    assert code == 0, session.stderr()[-3000:]
+    _wait_for(lambda: not [p for p in ranks if _alive(p)], 10, "ranks to exit")
