@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -112,6 +113,11 @@ def validate_config(source: Any = None, *, overrides: Sequence[str] = (), argv: 
                             environment=environment, rule_set=rule_set)
 
 
+def _wrap(text: str, first: str, rest: str | None = None) -> str:
+    return textwrap.fill(text, width=100, initial_indent=first, subsequent_indent=rest or first,
+                         break_on_hyphens=False, break_long_words=False)
+
+
 def render_text(result: ValidationResult, name: str = "config") -> str:
     """A terminal report: verdict, then one block per finding (errors first)."""
     env = result.environment
@@ -128,7 +134,7 @@ def render_text(result: ValidationResult, name: str = "config") -> str:
     for f in result.findings:
         lines.append("")
         lines.append(f"{f.severity.upper():7} [{f.rule}] {f.path}")
-        lines.append(f"        {f.message}")
+        lines.append(_wrap(f.message, "        "))
         if f.fix:
-            lines.append(f"        fix: {f.fix}")
+            lines.append(_wrap(f"fix: {f.fix}", "        ", "             "))
     return "\n".join(lines) + "\n"
