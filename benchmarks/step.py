@@ -9,9 +9,10 @@ model built from the same seed; the modes are interleaved round by round so mach
 box is shared) hits all of them alike; the table shows the median over rounds (max over ranks).
 
 Memory: on CUDA `torch.cuda.max_memory_allocated` (reset before each mode). On CPU there is no
-allocator counter, so the proxy is the peak bytes of tensors autograd saved for backward
-(saved-tensor hooks, parameters excluded, each storage counted once): the 1F1B schedule holds two
-micro-batches' activations where the sequential one holds one.
+allocator counter: the warm-up round runs under `torch.profiler` with `profile_memory=True` and the
+peak of (allocated - freed) bytes over the step is reported (what the step adds on top of the
+parameters and everything alive before it). The 1F1B schedule holds two micro-batches' activations
+where the sequential one holds one.
 
 Writes benchmarks/results/step_<device>.json (command, date, machine, versions, config, rows).
 """
@@ -42,38 +43,14 @@ PRESETS = {
 }
 
 
-class SavedBytes:
-    """Peak bytes held by autograd's saved tensors (CPU memory proxy; see module docstring)."""
-
-    def __init__(self, params) -> None:
-        self.skip = {p.untyped_storage().data_ptr() for p in params}
-        self.refs: dict[int, int] = {}
-        self.live = self.peak = 0
-
-    def pack(self, t):
-        key = t.untyped_storage().data_ptr()
-        if key in self.skip or t.device.type != "cpu":
-            return t
-        if self.refs.get(key, 0) == 0:
-            self.live += t.untyped_storage().nbytes()
-            self.peak = max(self.peak, self.live)
-        self.refs[key] = self.refs.get(key, 0) + 1
-        return _Held(t, key, self)
-
-    @staticmethod
-    def unpack(h):
-        return h.t if isinstance(h, _Held) else h
-
-
-class _Held:
-    def __init__(self, t, key, tracker) -> None:
-        self.t, self.key, self.tracker = t, key, tracker
-
-    def __del__(self) -> None:
-        tr = self.tracker
-        tr.refs[self.key] -= 1
-        if tr.refs[self.key] == 0:
-            tr.live -= self.t.untyped_storage().nbytes()
+def cpu_peak_bytes(prof) -> int:
+    """Peak of (bytes allocated - bytes freed) over a profiled region, from the profiler's memory events."""
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
 
 
 def _batches(cfg, preset, rank, step, device):
@@ -86,6 +63,8 @@ def _batches(cfg, preset, rank, step, device):
 
 
 def bench_body(rank, world, group, preset, device_type, rounds, chunks, dtype_name):
+    from torch.profiler import ProfilerActivity, profile
+
     from moe_overlap.ep.model import ModelConfig, MoETransformer
     from moe_overlap.ep.step import forward_backward
     from moe_overlap.ep.streams import make_comm_stream, synchronize
@@ -101,23 +80,22 @@ def bench_body(rank, world, group, preset, device_type, rounds, chunks, dtype_na
     for r in range(rounds + 1):  # round 0 is warm-up (allocator, lazy init, gloo connections)
         batches = _batches(cfg, preset, rank, r, device)
         for (schedule, delay), name in zip(MODES, times, strict=True):
-            tracker = SavedBytes(model.parameters())
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             synchronize(device)
             torch.distributed.barrier(group)
-            # The CPU memory hooks cost Python time per saved tensor: only the warm-up round has them.
+            # The memory profiler costs time: on CPU only the warm-up round runs under it.
             hooks = r == 0 and device.type == "cpu"
             t0 = time.perf_counter()
-            with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack) if hooks \
-                    else contextlib.nullcontext():
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) if hooks \
+                    else contextlib.nullcontext() as prof:
                 forward_backward(model, batches, schedule=schedule, delay_wgrad=delay, chunks=chunks,
                                  group=group, streams=stream)
             synchronize(device)
             dt = time.perf_counter() - t0
             model.zero_grad(set_to_none=True)
             if hooks:
-                mem[name] = tracker.peak
+                mem[name] = cpu_peak_bytes(prof)
             if r == 0:
                 continue
             times[name].append(dt)
@@ -145,7 +123,7 @@ def run(device: str, worlds: list[int], preset_name: str, rounds: int, chunks: i
             rows.append({"world": world, "mode": name, "step_ms_median": round(med * 1e3, 3),
                          "step_ms_min": round(min(per_round) * 1e3, 3), "vs_none": round(med / base, 3),
                          "peak_memory_bytes": max(r["mem"][name] for r in per_rank),
-                         "memory_kind": "cuda_max_allocated" if device == "cuda" else "autograd_saved_peak"})
+                         "memory_kind": "cuda_max_allocated" if device == "cuda" else "cpu_profiler_peak_over_step"})
     return {"preset": preset_name, "config": preset, "rounds": rounds, "chunks": chunks, "dtype": dtype,
             "rows": rows}
 
