@@ -22,7 +22,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit in seconds (default 600)")
     parser.add_argument("--hang-timeout", type=float, default=60.0,
                         help="a rank without heartbeat this long is a hang (default 60)")
-    parser.add_argument("--out", help="output folder (default: ./verify-runs/<time>-<pid>-<id>)")
+    parser.add_argument("--out", help="output folder (default: ./verify-out/<time>-<pid>-<id>)")
     parser.add_argument("--force", action="store_true", help="overwrite a folder that already holds a report")
     parser.add_argument("--print-launch", choices=["torchrun", "slurm"],
                         help="print the torchrun command or an sbatch script instead of running")
@@ -95,7 +95,7 @@ def run(args) -> int:
             print(torchrun_command(plan, config_path=config_path) if args.print_launch == "torchrun"
                   else slurm_script(plan))
             return EXIT_OK
-        report = run_verification(options, progress=_progress_printer(args.quiet or args.format == "json"))
+        report = run_verification(options, progress=_progress_printer(args.quiet))
     except VerifyInputError as exc:
         raise CommandError(exc.message, field=exc.field, fix=exc.fix) from None
     emit(report, args.format, _text(report))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import socket
 import sys
 import threading
@@ -93,6 +94,11 @@ def _log_checks(plan: Plan, runs: list[ModeRun]) -> dict[str, Any]:
     return out
 
 
+def _lost_port_race(result) -> bool:
+    no_step = not any(r.get("kind") == "step" for recs in result.records.values() for r in recs)
+    return result.status == "crashed" and no_step and "Address already in use" in (result.traceback or "")
+
+
 def run_verification(options: VerifyOptions, progress: Progress | None = None,
                      cancel: threading.Event | None = None) -> VerificationReport:
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -117,14 +123,21 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
                   "loss": rec["loss"]})
 
     emit({"event": "start", "modes": [s.name for s in plan.specs], "nproc": plan.nproc, "out": str(plan.out)})
-    result = launch(nproc=plan.nproc, device=plan.device, config_path=config_path,
-                    modes_arg=json.dumps([s.to_dict() for s in plan.specs]), out=plan.out,
-                    timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
-                    inject_fault=options.inject_fault, on_record=on_record, cancel=cancel)
+    for attempt in range(2):
+        result = launch(nproc=plan.nproc, device=plan.device, config_path=config_path,
+                        modes_arg=json.dumps([s.to_dict() for s in plan.specs]), out=plan.out,
+                        timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
+                        inject_fault=options.inject_fault, on_record=on_record, cancel=cancel)
+        if attempt == 0 and _lost_port_race(result):
+            # Another process took the free port between our probe and rank 0's bind: start over once.
+            for name in ("ranks", "logs"):
+                shutil.rmtree(plan.out / name, ignore_errors=True)
+            continue
+        break
     runs = _runs(plan, result.records)
     log_checks = _log_checks(plan, runs)
     launch_ev = {"status": result.status, "message": result.message, "returncodes": result.returncodes,
-                 "elapsed_s": round(result.elapsed_s, 2)}
+                 "elapsed_s": round(result.elapsed_s, 2), "pids": result.pids}
     throughput_binding = plan.device == "cuda"
     criteria = [criterion_validation(validation), criterion_completion(launch_ev, runs, plan.cfg.steps, log_checks),
                 criterion_throughput(runs, throughput_binding), criterion_loss(runs, plan.cfg.precision)]

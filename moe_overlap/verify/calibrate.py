@@ -11,14 +11,13 @@ that noise, they do not remove it. ``benchmarks/estimate_vs_measured.py`` interl
 with its measured layers.
 
 Derived numbers:
-* expert GEMM rate and SwiGLU cost: GroupedExperts forward + backward at two hidden sizes D1 < D2 (same F,
-  same rows): t = rows * (18*D*F / rate + F * act), two equations, two unknowns.
 * dense_tflops: a square matmul. mem_gbps: a row gather (``index_select``), bytes read + written.
-* all-to-all: latency = time of a tiny one; bandwidth = bytes leaving the rank / (large time - latency).
+* all-to-all: latency + bytes leaving the rank / bandwidth, fitted over A2A_BYTES.
 * overlap_efficiency: an async all-to-all beside a matmul loop of about its length:
   (t_mm + t_a2a - t_both) / min(t_mm, t_a2a), clipped to [0, 1].
-* overhead_ms: a tiny MoE layer forward + backward (route, dispatch, experts, combine) minus the latency
-  of its 5 collectives (count exchange + 4 all-to-alls): the host cost the shape-dependent terms miss.
+* our layer's compute: MoELayer forward + backward on a group of one rank (no collective) at the
+  LOCAL_SHAPES, fitted (least squares, coefficients >= 0) as fixed cost + GEMM FLOPs / rate + routed rows
+  x D x gather cost + routed rows x F x activation cost + expert weights x weight-gradient write cost.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # (tokens, hidden, ffn, experts, topk) of the no-communication layer probes (CPU sizes; x scale on GPU
 # for tokens only). Chosen apart from the benchmark's shapes: the fit is checked on shapes it never saw.
 LOCAL_SHAPES = [(64, 64, 64, 4, 1), (256, 128, 128, 4, 2), (512, 512, 64, 4, 2), (256, 256, 512, 4, 2),
-                (1024, 128, 256, 8, 1), (128, 512, 256, 4, 4)]
+                (1024, 128, 256, 8, 1), (128, 512, 256, 4, 4), (64, 256, 512, 16, 1), (128, 512, 256, 8, 1)]
 A2A_BYTES = [64, 256 * 1024, 1024 * 1024, 4 * 1024 * 1024]
 
 
@@ -180,14 +179,16 @@ def calibration_from(per_rank: list[dict], *, backend: str, precision: str) -> C
     world, rounds = len(per_rank), len(per_rank[0]["rounds"])
     t = {name: slowest_median(per_rank, name) for name in per_rank[0]["rounds"][0]}
     dense_tflops = 2.0 * s["mm_n"] ** 3 / t["dense"] / 1e12
-    # Local layer (no comm), forward + backward: t = fixed + gemm_flops/rate + R*D*c_d + R*F*c_f + router,
-    # R = T*K routed rows, gemm_flops = 18*D*F*R; the router GEMMs (6*T*D*E) go at the dense rate.
+    # Local layer (no comm), forward + backward: t = fixed + gemm_flops/rate + R*D*c_d + R*F*c_f
+    # + W*c_w + router, R = T*K routed rows, gemm_flops = 18*D*F*R, W = E*3*D*F expert weights (the
+    # weight-gradient GEMMs write all of them whatever the row count); the router GEMMs (6*T*D*E) go at
+    # the dense rate.
     feats, targets = [], []
     for i, (tok, d, f, e, k) in enumerate(LOCAL_SHAPES):
         rows = tok * k
-        feats.append([1.0, 18.0 * d * f * rows, rows * d, rows * f])
+        feats.append([1.0, 18.0 * d * f * rows, rows * d, rows * f, 3.0 * e * d * f])
         targets.append(t[f"local_{i}"] - 6.0 * tok * d * e / (dense_tflops * 1e12))
-    fixed, sec_per_flop, c_d, c_f = fit_nonnegative(feats, targets)
+    fixed, sec_per_flop, c_d, c_f, c_w = fit_nonnegative(feats, targets)
     # All-to-all: t = latency + off-rank bytes / bandwidth, fitted over the sizes.
     sizes = s["a2a_off_rank_bytes"]
     a2a_t = [t[f"a2a_{j}"] for j in range(len(sizes))]
@@ -200,6 +201,7 @@ def calibration_from(per_rank: list[dict], *, backend: str, precision: str) -> C
         mem_gbps=2.0 * s["rows"] * 2 * s["d"] * s["esize"] / t["gather"] / 1e9,
         perm_ns_per_elem=c_d * 1e9,
         act_ns_per_elem=c_f * 1e9,
+        wgrad_ns_per_weight=c_w * 1e9,
         a2a_gbps=1.0 / max(sec_per_byte, 1e-18) / 1e9,
         a2a_latency_us=latency * 1e6,
         overlap_efficiency=min(1.0, max(0.0, hidden / min(t["mm_loop"], big))),

@@ -1,7 +1,7 @@
 """Spawn one process per rank, watch them, and never leave one behind (torch-free).
 
 Watchdog: every record a rank writes is a heartbeat (records.py). A rank silent for ``hang_timeout_s``
-means a hang: all ranks get SIGUSR1 (faulthandler dumps every thread's Python stack to
+after its first step (``startup_timeout_s`` before it: imports, rendezvous, first step) means a hang: all ranks get SIGUSR1 (faulthandler dumps every thread's Python stack to
 ``ranks/rank<R>.stacks``), then all are killed. A rank that exits non-zero means a crash: the others are
 killed at once (they would otherwise wait forever in their next collective). Cancellation
 (``threading.Event``), Ctrl-C and the overall timeout kill everything too.
@@ -106,7 +106,7 @@ def _first_crash(procs, tails_records) -> tuple[int, str | None]:
     if errors:
         _, r, tb = min(errors)
         return r, tb
-    r = min(r for r, p in enumerate(procs) if p.returncode not in (None, 0))
+    r = min((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), default=0)
     return r, None
 
 
@@ -118,7 +118,8 @@ def _tail_text(path: Path, limit: int = 6000) -> str:
 
 
 def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: Path, timeout_s: float,
-           hang_timeout_s: float, inject_fault: str | None = None, threads: int = 1,
+           hang_timeout_s: float, startup_timeout_s: float = 180.0, inject_fault: str | None = None,
+           threads: int = 1,
            on_record: Callable[[int, dict[str, Any]], None] | None = None,
            cancel: threading.Event | None = None) -> LaunchResult:
     """Run all ranks to completion or failure; always returns with every rank dead."""
@@ -131,6 +132,11 @@ def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: P
     files = []
     tails = {r: RecordTail(records_path(out, r)) for r in range(nproc)}
     records: dict[int, list[dict[str, Any]]] = {r: [] for r in range(nproc)}
+    started = dict.fromkeys(range(nproc), False)  # the rank finished its first step
+    # Start-up (importing torch, rendezvous, building the models, the first step's lazy imports) can take
+    # longer than a tight hang timeout on a loaded machine: it gets its own limit, which still catches a
+    # rendezvous that never completes.
+    startup_limit = max(hang_timeout_s, startup_timeout_s)
     t0 = time.monotonic()
     result = LaunchResult(status="completed")
     try:
@@ -146,11 +152,13 @@ def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: P
             for r, tail in tails.items():
                 for rec in tail.poll():
                     records[r].append(rec)
+                    started[r] = started[r] or rec.get("kind") == "step"
                     if on_record is not None:
                         on_record(r, rec)
             codes = [p.poll() for p in procs]
             now = time.monotonic()
-            if any(c not in (None, 0) for c in codes):
+            errored = any(recs and recs[-1].get("kind") == "error" for recs in records.values())
+            if errored or any(c not in (None, 0) for c in codes):
                 for r, tail in tails.items():  # the failing rank's last records (its traceback) first
                     records[r].extend(tail.poll())
                 rank, tb = _first_crash(procs, records)
@@ -168,9 +176,10 @@ def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: P
                 result = LaunchResult(status="timeout", message=f"the run exceeded --timeout {timeout_s:g} s",
                                       stacks=_dump_stacks(procs, out))
                 break
-            silent = [r for r, p in enumerate(procs) if codes[r] is None and now - tails[r].last_seen > hang_timeout_s]
+            silent = [r for r, p in enumerate(procs) if codes[r] is None
+                      and now - tails[r].last_seen > (hang_timeout_s if started[r] else startup_limit)]
             if silent:
-                r = silent[0]
+                r = min(silent, key=lambda i: tails[i].last_seen)  # silent the longest
                 last = records[r][-1] if records[r] else {}
                 where = f" (last record: {last.get('kind')} mode={last.get('mode')} step={last.get('step')})" if last else ""
                 result = LaunchResult(status="hang", failed_rank=r, message=f"rank {r} sent no heartbeat for "

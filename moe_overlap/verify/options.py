@@ -30,7 +30,7 @@ class VerifyOptions(BaseModel):
                                                                           "the package has it, else chunked")
     timeout_s: float = Field(600.0, gt=0, description="wall-clock limit of the whole run")
     hang_timeout_s: float = Field(60.0, gt=0, description="a rank silent this long is a hang")
-    out: str | Path | None = Field(None, description="output folder; default: a new folder under ./verify-runs")
+    out: str | Path | None = Field(None, description="output folder; default: a new folder under ./verify-out")
     force: bool = Field(False, description="overwrite a folder that already holds a report")
     # Test-only fault injection (hidden from the CLI help): perturb:MODE, crash:RANK:MODE:STEP, hang:RANK:MODE:STEP.
     inject_fault: str | None = None

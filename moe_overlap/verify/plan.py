@@ -72,13 +72,14 @@ def _out_dir(options: VerifyOptions) -> Path:
     if options.out is None:
         # Unique per run: two verifications at once never share a folder.
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        return Path.cwd() / "verify-runs" / f"{stamp}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        return Path.cwd() / "verify-out" / f"{stamp}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     out = Path(options.out)
     if out.exists() and not out.is_dir():
         raise VerifyInputError(f"--out {out} exists and is not a folder", field="out")
     if (out / "report.json").exists():
         if not options.force:
-            raise VerifyInputError(f"{out} already holds a verification report", field="out",
+            raise VerifyInputError(f"{out} already holds a verification report (pass --force to overwrite it)",
+                                   field="out",
                                    fix="pass --force to overwrite it, or choose another --out")
         for name in OUTPUTS:  # only what a verification wrote; anything else in the folder stays
             p = out / name
@@ -118,6 +119,10 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
                          f"has ({capacity}); running EP {nproc}")
     if nproc != cfg.expert_model_parallel_size:
         updates["expert_model_parallel_size"] = nproc
+    if kind == "default" and cfg.num_moe_experts % nproc:
+        # The embedded model keeps two experts per rank whatever the rank count (a user config is not rescaled).
+        updates["num_moe_experts"] = 2 * nproc
+        notes.append(f"embedded model: num_moe_experts={2 * nproc} (two per rank for --nproc {nproc})")
     try:
         cfg = VerifyConfig(**{**cfg.model_dump(), **updates})
     except ValidationError as exc:

@@ -35,7 +35,7 @@ class StepRecord(_Model):
     loss_hex: str = Field(description="float.hex() of the loss, for the bitwise comparison")
     step_time_s: float = Field(ge=0)
     tokens_per_s: float = Field(ge=0)
-    peak_memory_bytes: int = Field(ge=0, description="CUDA: max allocated; CPU: peak RSS of rank 0")
+    peak_memory_bytes: int = Field(ge=0, description="CUDA: max allocated during the step; CPU: peak RSS of the rank-0 process (all modes)")
 
 
 class ModeRun(_Model):

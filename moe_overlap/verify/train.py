@@ -1,4 +1,4 @@
-"""One mode of a verification on one rank: build the small MoE LM, train it, record every step (torch).
+"""The modes of a verification on one rank: build the small MoE LM per mode, train, record every step (torch).
 
 Every mode starts from the same seed and sees the same batches (corpus.py), so the modes differ only in
 the schedule and the delayed wgrad, which is what the loss comparison needs.
@@ -66,7 +66,8 @@ def make_batches(cfg: VerifyConfig, step: int, rank: int, device: torch.device) 
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    # Process-wide (all modes share the process): a ceiling, not a per-mode figure. Linux reports KiB.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def _fault_for(fault: str | None, kind: str, rank: int, mode: str) -> int | None:
@@ -77,61 +78,73 @@ def _fault_for(fault: str | None, kind: str, rank: int, mode: str) -> int | None
     return int(f_step) if int(f_rank) == rank and f_mode == mode else None
 
 
-def run_mode(cfg: VerifyConfig, spec: ModeSpec, group: Any, device: torch.device, emit, log,
-             fault: str | None = None) -> None:
-    """Train `cfg.steps` steps in mode `spec`; `emit(kind, **data)` heartbeats, `log(line)` the training log."""
-    from moe_overlap.ep.model import ModelConfig, MoETransformer
-    from moe_overlap.ep.step import forward_backward
+class ModeRunner:
+    """One mode's model, optimizer and training log on this rank; `step(i)` runs optimizer step i.
 
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    for line in effective_config_lines(cfg, spec, world, device.type):
-        log(line)
-    mcfg = ModelConfig(vocab_size=cfg.vocab_size, hidden=cfg.hidden_size, ffn=cfg.moe_ffn_hidden_size,
-                       num_heads=cfg.num_attention_heads, num_layers=cfg.num_layers,
-                       num_experts=cfg.num_moe_experts, topk=cfg.moe_router_topk, seed=cfg.seed)
-    model = MoETransformer(mcfg, group).to(device=device, dtype=DTYPES[cfg.precision])
-    lr = cfg.lr * (1.5 if fault == f"perturb:{spec.name}" else 1.0)  # test-only: a deliberately wrong mode
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    crash_at, hang_at = _fault_for(fault, "crash", rank, spec.name), _fault_for(fault, "hang", rank, spec.name)
-    tokens_per_step = world * cfg.micro_batches * cfg.micro_batch_size * cfg.seq_length
-    notes: list[str] = []
-    emit("mode_start", mode=spec.name, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad)
-    for step in range(cfg.steps):
-        if crash_at == step:
-            raise InjectedFault(f"injected crash on rank {rank} in mode {spec.name} at step {step}")
-        if hang_at == step:
-            log(f"injected hang on rank {rank} in mode {spec.name} at step {step}")
+    The worker interleaves the modes step by step (baseline step i, overlap step i, ...), so a slow
+    drift of the machine (other jobs, caches, clocks) hits every mode alike instead of biasing the
+    throughput ratio towards whichever mode ran last.
+    """
+
+    def __init__(self, cfg: VerifyConfig, spec: ModeSpec, group: Any, device: torch.device, emit, log,
+                 fault: str | None = None) -> None:
+        from moe_overlap.ep.model import ModelConfig, MoETransformer
+
+        self.cfg, self.spec, self.group, self.device, self.emit, self.log = cfg, spec, group, device, emit, log
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        for line in effective_config_lines(cfg, spec, self.world, device.type):
+            log(line)
+        mcfg = ModelConfig(vocab_size=cfg.vocab_size, hidden=cfg.hidden_size, ffn=cfg.moe_ffn_hidden_size,
+                           num_heads=cfg.num_attention_heads, num_layers=cfg.num_layers,
+                           num_experts=cfg.num_moe_experts, topk=cfg.moe_router_topk, seed=cfg.seed)
+        self.model = MoETransformer(mcfg, group).to(device=device, dtype=DTYPES[cfg.precision])
+        lr = cfg.lr * (1.5 if fault == f"perturb:{spec.name}" else 1.0)  # test-only: a deliberately wrong mode
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.crash_at = _fault_for(fault, "crash", self.rank, spec.name)
+        self.hang_at = _fault_for(fault, "hang", self.rank, spec.name)
+        self.tokens_per_step = self.world * cfg.micro_batches * cfg.micro_batch_size * cfg.seq_length
+        self.notes: list[str] = []
+        emit("mode_start", mode=spec.name, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad)
+
+    def step(self, step: int) -> None:
+        from moe_overlap.ep.step import forward_backward
+
+        cfg, spec, device = self.cfg, self.spec, self.device
+        if self.crash_at == step:
+            raise InjectedFault(f"injected crash on rank {self.rank} in mode {spec.name} at step {step}")
+        if self.hang_at == step:
+            self.log(f"injected hang on rank {self.rank} in mode {spec.name} at step {step}")
             while True:  # the other ranks block in their next collective: a real distributed hang
                 time.sleep(3600)
-        batches = make_batches(cfg, step, rank, device)
+        batches = make_batches(cfg, step, self.rank, device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)  # the modes interleave: a per-step peak is per mode
         t0 = time.perf_counter()
-        result = forward_backward(model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
-                                  chunks=cfg.chunks, group=group)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        result = forward_backward(self.model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
+                                  chunks=cfg.chunks, group=self.group)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
         local = [float(x) for x in result.losses]
-        local_mean = sum(local) / len(local)
         # all_gather, not all_reduce: every rank sums the same values in the same order (bitwise stable).
-        mine = torch.tensor([local_mean, dt], dtype=torch.float64, device=device)
-        gathered = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(gathered, mine, group=group)
+        mine = torch.tensor([sum(local) / len(local), dt], dtype=torch.float64, device=device)
+        gathered = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(gathered, mine, group=self.group)
         rows = [g.tolist() for g in gathered]
-        loss = sum(r[0] for r in rows) / world
+        loss = sum(r[0] for r in rows) / self.world
         step_time = max(r[1] for r in rows)
         mem = peak_memory_bytes(device)
         for n in getattr(result, "notes", None) or []:
-            if n not in notes:
-                notes.append(str(n))
-        emit("step", mode=spec.name, step=step, loss=loss, loss_hex=float(loss).hex(), step_time_s=step_time,
-             tokens_per_s=tokens_per_step / step_time if step_time > 0 else 0.0, peak_memory_bytes=mem,
-             local_losses=[x.hex() for x in local])
-        log(f" [moe-overlap] mode {spec.name} | step {step + 1}/{cfg.steps} | lm+aux loss {loss:.6f} | "
-            f"step time {step_time * 1000:.1f} ms | tokens/s {tokens_per_step / max(step_time, 1e-9):.0f} | "
-            f"peak memory {mem / 2**20:.1f} MiB")
-    emit("mode_end", mode=spec.name, notes=notes)
-    log(f" [moe-overlap] training finished: mode {spec.name}, {cfg.steps} steps")
+            if str(n) not in self.notes:
+                self.notes.append(str(n))
+        tps = self.tokens_per_step / step_time if step_time > 0 else 0.0
+        self.emit("step", mode=spec.name, step=step, loss=loss, loss_hex=float(loss).hex(), step_time_s=step_time,
+                  tokens_per_s=tps, peak_memory_bytes=mem, local_losses=[x.hex() for x in local])
+        self.log(f" [moe-overlap] mode {spec.name} | step {step + 1}/{cfg.steps} | lm loss {loss:.6f} | "
+                 f"step time {step_time * 1000:.1f} ms | tokens/s {tps:.0f} | peak memory {mem / 2**20:.1f} MiB")
+        if step == cfg.steps - 1:
+            self.emit("mode_end", mode=spec.name, notes=self.notes)
+            self.log(f" [moe-overlap] training finished: mode {spec.name}, {cfg.steps} steps")

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         import torch.distributed as dist
 
-        from moe_overlap.verify.train import run_mode
+        from moe_overlap.verify.train import ModeRunner
 
         torch.set_num_threads(int(os.environ.get("MOE_OVERLAP_THREADS", "1")))
         if args.device == "cuda":
@@ -95,22 +95,37 @@ def main(argv: list[str] | None = None) -> int:
                                 **({"device_id": device} if backend == "nccl" else {}))
         group = dist.group.WORLD
         rec.emit("init", backend=backend, device=str(device), torch=torch.__version__)
+        logs = {}
         for spec in specs:
-            mode = spec.name
-            log_path = mode_log_path(out, spec.name, rank)
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "w", encoding="utf-8") as logf:
-                def log(line: str, _f=logf) -> None:
-                    _f.write(line + "\n")
-                    _f.flush()
+            path = mode_log_path(out, spec.name, rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            logs[spec.name] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
 
-                try:
-                    run_mode(cfg, spec, group, device, rec.emit, log, fault=args.inject_fault)
-                except BaseException:
-                    # The traceback goes to the mode's training log too, where check-logs finds it.
-                    log(traceback.format_exc().rstrip())
-                    raise
+        def logger(name: str):
+            def log(line: str) -> None:
+                logs[name].write(line + "\n")
+                logs[name].flush()
+            return log
+
+        try:
+            runners = []
+            for spec in specs:
+                mode = spec.name
+                runners.append(ModeRunner(cfg, spec, group, device, rec.emit, logger(spec.name),
+                                          fault=args.inject_fault))
+            # Round-robin over the modes, one step each (see ModeRunner: fair throughput comparison).
+            for step in range(cfg.steps):
+                for runner in runners:
+                    mode = runner.spec.name
+                    runner.step(step)
             mode = None
+        except BaseException:
+            if mode is not None:  # the traceback goes to the mode's training log, where check-logs finds it
+                logger(mode)(traceback.format_exc().rstrip())
+            raise
+        finally:
+            for f in logs.values():
+                f.close()
         dist.barrier(group)
         dist.destroy_process_group()
         rec.emit("done")
@@ -120,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         code = 1
     finally:
         rec.close()
+    if code:
+        # Skip interpreter shutdown: tearing down a process group whose peers are blocked can hang,
+        # and the launcher must see this rank exit now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
 

@@ -1,0 +1,40 @@
+"""A full default-shaped verification passes: 3 modes, every criterion with its evidence, files, no orphan."""
+
+from __future__ import annotations
+
+import pytest
+
+from moe_overlap.verify.api import run_verification
+from moe_overlap.verify.options import VerifyOptions
+from tests.distributed._verify_util import assert_no_orphans, assert_report_valid, new_token
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_verification_passes(tmp_path, monkeypatch):
+    token = new_token(monkeypatch)
+    events = []
+    report = run_verification(VerifyOptions(steps=4, out=tmp_path / "run"), progress=events.append)
+    assert report.verdict == "passed", report.summary
+    data = assert_report_valid(tmp_path / "run")
+    assert data["verdict"] == "passed"
+    assert_no_orphans(token, report)
+
+    assert report.modes == ["baseline", "overlap", "overlap+wgrad"]
+    by_id = {c.id: c for c in report.criteria}
+    assert by_id["config-validation"].status == "pass"
+    assert by_id["completes-cleanly"].status == "pass"
+    assert by_id["throughput"].status in ("pass", "warn")
+    loss = by_id["loss-trajectory"]
+    assert loss.status == "pass"
+    # 1f1b (with and without delayed wgrad) is the sequential schedule reordered: bit for bit in fp32.
+    assert all(c["bitwise_equal"] for c in loss.evidence["comparisons"]), loss.evidence
+    for run in report.runs:
+        assert run.status == "completed" and len(run.steps) == 4
+        assert run.steps[-1].loss < run.steps[0].loss  # it learns
+        assert len(run.log_files) == 2
+    assert all(c["all_ok"] for c in by_id["completes-cleanly"].evidence["log_checks"].values())
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 1000
+    assert {"start", "mode", "step", "done"} <= {e["event"] for e in events}
+    steps = [e for e in events if e["event"] == "step"]
+    assert len(steps) == 12 and all("elapsed_s" in e for e in steps)
