@@ -21,6 +21,13 @@ import torch.distributed as dist
 from .streams import current_stream, record_event, record_stream, wait_event
 
 
+def group_size(group) -> int:
+    """World size of ``group``; a single process (1) when group is None and no default group exists."""
+    if group is None and not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
+
+
 def _check_splits(x: torch.Tensor, out_splits, in_splits, world: int) -> tuple[list[int], list[int]]:
     out_splits, in_splits = [int(s) for s in out_splits], [int(s) for s in in_splits]
     if len(out_splits) != world or len(in_splits) != world:
@@ -61,7 +68,7 @@ def all_to_all_async(
     CUDA with ``stream``: the collective is issued on ``stream`` after it waits for the current
     (compute) stream; ``wait()`` makes the compute stream wait on an event, not the host.
     """
-    world = dist.get_world_size(group)
+    world = group_size(group)
     out_splits, in_splits = _check_splits(x, out_splits, in_splits, world)
     x = x.detach().contiguous()
     if world == 1:

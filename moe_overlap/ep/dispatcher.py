@@ -29,9 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from .all_to_all import all_to_all, all_to_all_sync
+from .all_to_all import all_to_all, all_to_all_sync, group_size
 from .router import Routing
 
 
@@ -118,7 +117,7 @@ def exchange_counts(counts_XE: torch.Tensor, num_experts: int, group):
     Returns host lists ``(send_XE, recv_XRL)``. This is the layer's one device-to-host sync (both
     lists come back in a single ``.tolist()``); batching the chunks makes it one sync per layer.
     """
-    world = dist.get_world_size(group)
+    world = group_size(group)
     local = check_experts_divisible(num_experts, world)
     nx = counts_XE.shape[0]
     counts_XE = counts_XE.to(torch.int64)
