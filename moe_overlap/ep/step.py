@@ -85,15 +85,22 @@ def reduce_gradients(model, group) -> None:
             p.grad.div_(world)
 
 
-def _chunked(model, batches, chunks: int, comm_stream) -> list[torch.Tensor]:
-    losses = []
+def autograd_forward_backward(model, batches, *, layer_schedule: str, chunks: int, group,
+                              streams=None) -> StepResult:
+    """The same step through plain autograd (`MoETransformer.forward`, MoELayer's own layer schedule
+    "none" | "chunked"), no nodes. schedule="chunked" uses it; tests and benchmarks use it with
+    "none" as the independent reference of the node path (equal to rounding, not bitwise: the aux
+    loss enters the objective as a product instead of a constant gradient)."""
+    model.zero_grad(set_to_none=True)
+    loss_ts = []
     scale = 1.0 / len(batches)
     for tokens_BS, labels_BS in batches:
-        lm_loss, objective = model(tokens_BS, labels_BS, schedule="chunked", chunks=chunks,
-                                    comm_stream=comm_stream)
+        lm_loss, objective = model(tokens_BS, labels_BS, schedule=layer_schedule, chunks=chunks,
+                                   comm_stream=streams)
         objective.backward(torch.full_like(objective, scale))
-        losses.append(lm_loss.detach())
-    return losses
+        loss_ts.append(lm_loss.detach())
+    reduce_gradients(model, group)
+    return StepResult(losses=torch.stack(loss_ts).float().tolist())
 
 
 def forward_backward(
@@ -116,19 +123,19 @@ def forward_backward(
     """
     batches = list(batches)
     check_step_options(schedule, delay_wgrad, chunks, len(batches))
+    if schedule == "chunked":
+        return autograd_forward_backward(model, batches, layer_schedule="chunked", chunks=chunks, group=group,
+                                         streams=streams)
     model.zero_grad(set_to_none=True)
     notes: list[str] = []
-    if schedule == "chunked":
-        loss_ts = _chunked(model, batches, chunks, streams)
+    store = WgradStore() if delay_wgrad else None
+    ctx = NodeContext(group=group, comm_stream=streams, store=store, grad_scale=1.0 / len(batches))
+    runs = [MicroBatchRun(model, t, y, ctx) for t, y in batches]
+    if schedule == "1f1b":
+        notes += run_1f1b(runs, store)
     else:
-        store = WgradStore() if delay_wgrad else None
-        ctx = NodeContext(group=group, comm_stream=streams, store=store, grad_scale=1.0 / len(batches))
-        runs = [MicroBatchRun(model, t, y, ctx) for t, y in batches]
-        if schedule == "1f1b":
-            notes += run_1f1b(runs, store)
-        else:
-            run_sequential(runs)
-        loss_ts = [r.loss for r in runs]
+        run_sequential(runs)
+    loss_ts = [r.loss for r in runs]
     reduce_gradients(model, group)
     # One host sync for all losses, at the very end (a .item() per micro-batch would stall the GPU).
     losses = torch.stack(loss_ts).float().tolist()

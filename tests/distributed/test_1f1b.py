@@ -57,7 +57,19 @@ def _body(rank, world, group, cfg_kwargs, extras):
         out["single"] = _train(cfg, group, rank, "1f1b", True, 1, steps=2)
         out["single_ref"] = _train(cfg, group, rank, "none", False, 1, steps=2)
         out["trace"] = _trace_1f1b(cfg, group, rank)
+        out["autograd"] = {ls: _autograd_grads(cfg, group, rank, ls) for ls in ("none", "chunked")}
     return out
+
+
+def _autograd_grads(cfg, group, rank, layer_schedule):
+    """First-step losses and gradients through plain autograd (MoELayer's own path), no nodes."""
+    from moe_overlap.ep.model import MoETransformer
+    from moe_overlap.ep.step import autograd_forward_backward
+
+    model = MoETransformer(cfg, group)
+    res = autograd_forward_backward(model, _batches(rank, 0, cfg, MICRO_BATCHES), layer_schedule=layer_schedule,
+                                    chunks=2, group=group)
+    return {"losses": res.losses, "grads": {n: p.grad.numpy().copy() for n, p in model.named_parameters()}}
 
 
 def _trace_1f1b(cfg, group, rank):
@@ -123,6 +135,11 @@ def test_1f1b_bitwise_equals_sequential(world):
             _assert_bitwise(res["single_ref"], res["single"], f"rank {rank} 1f1b with one micro-batch")
             assert any("single-micro-batch" in n for n in res["single"]["notes"])
             _check_trace(res["trace"], cfg["num_layers"])
+            for layer_schedule, other in res["autograd"].items():  # the node path computes the right thing
+                assert other["losses"] == pytest.approx(ref["losses"][0], rel=1e-6), layer_schedule
+                for name, g in ref["grads"].items():
+                    torch.testing.assert_close(torch.from_numpy(other["grads"][name]), torch.from_numpy(g),
+                                               rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
     # Replicated parameters stay replicated (gradients are averaged over the group).
     for name, p in results[0]["1f1b+True"]["params"].items():
         if "experts" not in name:
