@@ -345,3 +345,10 @@ def test_cli_card_unknown_name_and_field_exit_2(capsys):
     assert main(["card", SKILL, "--field", "constraints.nope"]) == 2
     err = capsys.readouterr().err
     assert "valid choices" in err and "ep-size-gt-1" in err
+
+
+def test_minimal_example_is_valid_for_the_validator(card):
+    from moe_overlap.skill.validate import validate_config
+
+    result = validate_config(card.minimal_example.config, torch_version="2.6.0")
+    assert result.valid, [f.rule for f in result.findings]

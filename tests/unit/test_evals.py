@@ -115,3 +115,11 @@ def test_too_few_evals_rejected(tmp_path):
     with pytest.raises(CardFileError) as err:
         load_evals_file(path)
     assert err.value.problems[0].path == "$.evals"
+
+
+def test_flex_eval_file_is_caught_by_the_validator(evals):
+    from moe_overlap.skill.validate import validate_config
+
+    case = next(c for c in evals.evals if "flex-backend-needs-flex-dispatcher" in c.rule_ids and c.files)
+    result = validate_config(str(skill_dir(SKILL) / case.files[0]), torch_version="2.6.0", gpu="H100")
+    assert "flex-backend-needs-flex-dispatcher" in {f.rule for f in result.findings}
