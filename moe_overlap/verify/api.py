@@ -109,9 +109,16 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
     config_path.write_text(plan.cfg.model_dump_json(indent=2) + "\n", encoding="utf-8")
     validation = validate_modes(plan)
 
+    progress_broken: list[str] = []
+
     def emit(event: dict[str, Any]) -> None:
-        if progress is not None:
+        # A failing progress consumer (closed pipe, gone MCP client) must not abort the run or the report.
+        if progress is None or progress_broken:
+            return
+        try:
             progress({**event, "elapsed_s": round(time.monotonic() - t0, 2)})
+        except Exception as exc:  # noqa: BLE001
+            progress_broken.append(f"progress callback failed and was switched off: {exc!r}")
 
     def on_record(rank: int, rec: dict[str, Any]) -> None:
         if rank != 0:
@@ -142,7 +149,7 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
     criteria = [criterion_validation(validation), criterion_completion(launch_ev, runs, plan.cfg.steps, log_checks),
                 criterion_throughput(runs, throughput_binding), criterion_loss(runs, plan.cfg.precision)]
     v = verdict(result.status, criteria)
-    notes = list(plan.notes)
+    notes = list(plan.notes) + progress_broken
     if not throughput_binding:
         notes.append("throughput is measured but not binding on --device cpu: gloo on shared CPU cores is not the "
                      "target workload; run with --device cuda for a binding throughput criterion")

@@ -140,10 +140,16 @@ def _calibration_rank(rank: int, world: int, precision: str, device_name: str, s
     return {"sizes": sizes, "rounds": [time_round(probes, device_name) for _ in range(rounds)]}
 
 
-def slowest_median(per_rank: list[dict], name: str) -> float:
-    """Median over rounds of the slowest rank's time for probe ``name``."""
+def slowest_per_round(per_rank: list[dict], name: str) -> list[float]:
+    """The slowest rank's time of probe ``name`` in each round."""
     rounds = zip(*(r["rounds"] for r in per_rank), strict=True)
-    return statistics.median(max(rank_round[name] for rank_round in rr) for rr in rounds)
+    return [max(rank_round[name] for rank_round in rr) for rr in rounds]
+
+
+def slowest_median(per_rank: list[dict], name: str, stat: str = "median") -> float:
+    """Median (or min) over rounds of the slowest rank's time for probe ``name``."""
+    per_round = slowest_per_round(per_rank, name)
+    return statistics.median(per_round) if stat == "median" else min(per_round)
 
 
 def fit_nonnegative(features: list[list[float]], targets: list[float]) -> list[float]:
@@ -174,10 +180,11 @@ def fit_nonnegative(features: list[list[float]], targets: list[float]) -> list[f
         active = [j for j, c in zip(active, coef, strict=True) if c >= 0] or active[:1]
 
 
-def calibration_from(per_rank: list[dict], *, backend: str, precision: str) -> Calibration:
+def calibration_from(per_rank: list[dict], *, backend: str, precision: str, stat: str = "median") -> Calibration:
+    """``stat``: "median" (default) or "min" over rounds (the least disturbed run on a shared machine)."""
     s = per_rank[0]["sizes"]
     world, rounds = len(per_rank), len(per_rank[0]["rounds"])
-    t = {name: slowest_median(per_rank, name) for name in per_rank[0]["rounds"][0]}
+    t = {name: slowest_median(per_rank, name, stat) for name in per_rank[0]["rounds"][0]}
     dense_tflops = 2.0 * s["mm_n"] ** 3 / t["dense"] / 1e12
     # Local layer (no comm), forward + backward: t = fixed + gemm_flops/rate + R*D*c_d + R*F*c_f
     # + W*c_w + router, R = T*K routed rows, gemm_flops = 18*D*F*R, W = E*3*D*F expert weights (the
@@ -206,7 +213,7 @@ def calibration_from(per_rank: list[dict], *, backend: str, precision: str) -> C
         a2a_latency_us=latency * 1e6,
         overlap_efficiency=min(1.0, max(0.0, hidden / min(t["mm_loop"], big))),
         overhead_ms=fixed * 1e3,
-        source=(f"moe_overlap.verify.calibrate: {backend}, {world} ranks, {precision}, median of {rounds} "
+        source=(f"moe_overlap.verify.calibrate: {backend}, {world} ranks, {precision}, {stat} of {rounds} "
                 f"interleaved rounds (slowest rank), {platform.node()} ({platform.machine()}), "
                 f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%MZ}"),
     )

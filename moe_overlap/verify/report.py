@@ -32,7 +32,10 @@ def plot_losses(report: VerificationReport, path: Path) -> str | None:
             ax.plot([s.step + 1 for s in run.steps], [s.loss for s in run.steps], ls, lw=lw, label=run.mode)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("LM loss (mean over ranks)")
-    ax.set_title(f"moe-overlap verify: {report.verdict}")
+    loss = next((c for c in report.criteria if c.id == "loss-trajectory"), None)
+    comps = loss.evidence.get("comparisons", []) if loss is not None else []
+    same = bool(comps) and all(c.get("bitwise_equal") for c in comps)
+    ax.set_title(f"moe-overlap verify: {report.verdict}" + (" (curves coincide: bitwise equal)" if same else ""))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -103,6 +103,9 @@ class ModeRunner:
         self.crash_at = _fault_for(fault, "crash", self.rank, spec.name)
         self.hang_at = _fault_for(fault, "hang", self.rank, spec.name)
         self.tokens_per_step = self.world * cfg.micro_batches * cfg.micro_batch_size * cfg.seq_length
+        # On GPU the overlap modes issue their all-to-alls on a communication stream; the baseline keeps
+        # everything on the compute stream (the no-overlap reference). gloo needs none.
+        self.comm_stream = torch.cuda.Stream(device) if device.type == "cuda" and spec.overlap else None
         self.notes: list[str] = []
         emit("mode_start", mode=spec.name, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad)
 
@@ -122,7 +125,7 @@ class ModeRunner:
             torch.cuda.reset_peak_memory_stats(device)  # the modes interleave: a per-step peak is per mode
         t0 = time.perf_counter()
         result = forward_backward(self.model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
-                                  chunks=cfg.chunks, group=self.group)
+                                  chunks=cfg.chunks, group=self.group, streams=self.comm_stream)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         if device.type == "cuda":

@@ -1,0 +1,79 @@
+"""Planning a verification without launching it (torch-free): config mapping, modes, validation evidence."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from moe_overlap.verify.config import VerifyConfig, load_verify_config
+from moe_overlap.verify.judge import criterion_validation
+from moe_overlap.verify.options import VerifyOptions
+from moe_overlap.verify.plan import VerifyInputError, make_plan, validate_modes
+
+
+def test_default_plan(tmp_path):
+    plan = make_plan(VerifyOptions(out=tmp_path))
+    assert plan.config_kind == "default" and plan.nproc == 2
+    assert [s.name for s in plan.specs] == ["baseline", "overlap", "overlap+wgrad"]
+    assert [s.schedule for s in plan.specs] == ["none", "1f1b", "1f1b"]
+
+
+def test_default_validation_waives_fp32_only_for_our_implementation(tmp_path):
+    ev = validate_modes(make_plan(VerifyOptions(out=tmp_path)))
+    assert ev["available"]
+    assert {w["rule"] for w in ev["waived"]} == {"precision-bf16-or-fp16"}
+    assert criterion_validation(ev).status == "pass"
+
+
+def test_invalid_megatron_config_fails_criterion_1(tmp_path):
+    cfg = {"model": {"expert_model_parallel_size": 2, "num_moe_experts": 8, "moe_token_dispatcher_type": "alltoall",
+                     "bf16": True, "recompute_granularity": "full", "recompute_method": "uniform",
+                     "recompute_num_layers": 1},
+           "comm_overlap": {"overlap_moe_expert_parallel_comm": True}}
+    plan = make_plan(VerifyOptions(config=cfg, out=tmp_path))
+    assert plan.config_kind == "megatron"
+    assert any("recompute_granularity" in n for n in plan.mapping_notes)
+    crit = criterion_validation(validate_modes(plan))
+    assert crit.status == "fail" and "no-full-recompute" in crit.summary
+    # the fp32 waiver never applies to a Megatron config: Megatron would reject it
+    cfg["model"].update(bf16=False, recompute_granularity=None, recompute_method=None, recompute_num_layers=None)
+    crit = criterion_validation(validate_modes(make_plan(VerifyOptions(config=cfg, out=tmp_path))))
+    assert crit.status == "fail" and "precision-bf16-or-fp16" in crit.summary
+
+
+def test_own_format_round_trip(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("format: moe-overlap\nnum_moe_experts: 8\nprecision: bf16\nsteps: 5\nschedule: chunked\n")
+    cfg, notes, kind = load_verify_config(str(path))
+    assert kind == "moe-overlap" and not notes and cfg.num_moe_experts == 8
+    plan = make_plan(VerifyOptions(config=str(path), out=tmp_path / "o", micro_batches=3))
+    assert plan.cfg.micro_batches == 3 and plan.cfg.steps == 5
+    assert [s.schedule for s in plan.specs] == ["none", "chunked"]  # delayed wgrad needs 1f1b: left out
+    assert any("overlap+wgrad skipped" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("text,field", [
+    ("format: moe-overlap\nmoe_router_topk: 9\n", "moe_router_topk"),
+    ("format: moe-overlap\nprecision: fp8\n", "precision"),
+    ("format: moe-overlap\nhiden_size: 32\n", "hiden_size"),
+])
+def test_bad_own_config_names_the_field(tmp_path, text, field):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(VerifyInputError) as err:
+        make_plan(VerifyOptions(config=str(path), out=tmp_path / "o"))
+    assert field in err.value.message
+
+
+def test_megatron_view_is_what_the_validator_reads():
+    view = VerifyConfig(precision="bf16").megatron_view()
+    assert view["model"]["bf16"] is True and view["comm_overlap"]["overlap_moe_expert_parallel_comm"] is True
+
+
+def test_planning_is_torch_free(tmp_path):
+    code = ("import sys; from moe_overlap.verify.plan import make_plan, validate_modes; "
+            "from moe_overlap.verify.options import VerifyOptions; import moe_overlap.verify.api; "
+            f"validate_modes(make_plan(VerifyOptions(out={str(tmp_path)!r}))); assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
