@@ -112,7 +112,8 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
         expert_tflops=tflops, dense_tflops=dense, mem_gbps=mem,
         intra_gbps=intra_gbps * eff, inter_gbps=(inter_gbps * eff) if inter_gbps else None,
         a2a_efficiency=eff, act_ns_per_elem=cal.act_ns_per_elem if cal else None,
-        perm_ns_per_elem=cal.perm_ns_per_elem if cal else None, overhead_ms=overhead,
+        perm_ns_per_elem=cal.perm_ns_per_elem if cal else None,
+        wgrad_ns_per_weight=cal.wgrad_ns_per_weight if cal else None, overhead_ms=overhead,
         intra_latency_us=lat_default if lat_default is not None else (intra.latency_us if intra else 15.0),
         inter_latency_us=lat_default if lat_default is not None else (inter.latency_us if inter else 30.0),
         overlap_efficiency=req.overlap_efficiency if req.overlap_efficiency is not None
@@ -146,6 +147,11 @@ def _per_layer(req: EstimateRequest, h: ResolvedHardware) -> PerLayer:
         act_ms = routed * f * h.act_ns_per_elem / 1e6
     else:
         act_ms = (routed * 8 * f * b / (h.mem_gbps * 1e9) * ms) if h.mem_gbps else 0.0
+    weights = req.experts // n * 3 * d * f  # local experts' w1 [D, 2F] + w2 [F, D]
+    if h.wgrad_ns_per_weight is not None:
+        wgrad_write_ms = weights * h.wgrad_ns_per_weight / 1e6
+    else:  # write, then read + write when accumulated
+        wgrad_write_ms = (weights * 3 * b / (h.mem_gbps * 1e9) * ms) if h.mem_gbps else 0.0
     return PerLayer(
         routed_tokens=routed,
         expert_gflop_fwd=gemm_fwd / 1e9, expert_gflop_dgrad=gemm_fwd / 1e9, expert_gflop_wgrad=gemm_fwd / 1e9,
@@ -153,7 +159,7 @@ def _per_layer(req: EstimateRequest, h: ResolvedHardware) -> PerLayer:
         a2a_ms=link * ms, a2a_latency_ms=latency,
         expert_fwd_ms=gemm_fwd / (h.expert_tflops * 1e12) * ms,
         router_fwd_ms=router_fwd / (h.dense_tflops * 1e12) * ms,
-        permute_ms=perm_ms, activation_ms=act_ms, attn_fwd_ms=req.attn_ms, overhead_ms=h.overhead_ms,
+        permute_ms=perm_ms, activation_ms=act_ms, wgrad_write_ms=wgrad_write_ms, attn_fwd_ms=req.attn_ms, overhead_ms=h.overhead_ms,
     )
 
 
@@ -167,7 +173,7 @@ def _nodes(p: PerLayer) -> NodeTimes:
         post_f=g,
         post_b=g + o,
         dgrad_b=p.expert_fwd_ms + 2 * g + 5 / 8 * a,
-        wgrad_b=p.expert_fwd_ms,
+        wgrad_b=p.expert_fwd_ms, wgrad_fixed=p.wgrad_write_ms,
         pre_b=2 * p.attn_fwd_ms + 2 * p.router_fwd_ms + g,
         a2a=p.a2a_ms, a2a_latency=p.a2a_latency_ms, count_exchange=p.a2a_latency_ms,
     )

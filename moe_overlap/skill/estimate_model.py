@@ -24,6 +24,8 @@ class Calibration(BaseModel):
                                            "unsort, unpermute), forward + backward, ns per routed token per D element")
     act_ns_per_elem: float | None = Field(None, ge=0, description="SwiGLU forward + backward cost per routed "
                                           "token per F element, ns (our kernels, not fused)")
+    wgrad_ns_per_weight: float | None = Field(None, ge=0, description="cost per local expert weight element of one "
+                                              "weight-gradient pass (written whatever the rows), ns")
     a2a_gbps: float = Field(gt=0, description="all-to-all bandwidth per rank per direction (already achieved)")
     a2a_latency_us: float = Field(ge=0, description="fixed cost of one all-to-all")
     overlap_efficiency: float = Field(ge=0, le=1, description="share of the shorter of (a2a, matmul) hidden "
@@ -78,6 +80,7 @@ class ResolvedHardware(BaseModel):
     a2a_efficiency: float
     perm_ns_per_elem: float | None = Field(description="calibrated gather cost; None: 16*D elements at mem_gbps")
     act_ns_per_elem: float | None = Field(description="calibrated SwiGLU cost; None: fused kernel at mem_gbps")
+    wgrad_ns_per_weight: float | None = Field(description="calibrated; None: 3 accesses per weight at mem_gbps")
     overhead_ms: float
     intra_latency_us: float
     inter_latency_us: float
@@ -101,6 +104,8 @@ class PerLayer(BaseModel):
     router_fwd_ms: float
     permute_ms: float = Field(description="row gathers (permute, sort, unsort, unpermute), forward + backward")
     activation_ms: float = Field(description="SwiGLU elementwise work, forward + backward")
+    wgrad_write_ms: float = Field(description="writing + accumulating the local experts' weight gradients, per "
+                                  "wgrad pass (a chunked backward pays it once per chunk)")
     attn_fwd_ms: float
     overhead_ms: float
 

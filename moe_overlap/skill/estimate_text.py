@@ -27,6 +27,9 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
          "each pass" + (f" at {h.mem_gbps:g} GB/s" if h.mem_gbps else ": not modelled (no mem_gbps given)")),
         (f"SwiGLU costs the calibrated {h.act_ns_per_elem:g} ns per routed token per F element (forward + backward)" if h.act_ns_per_elem is not None else
          "SwiGLU is one fused kernel: 8*F elements per routed token (forward 3F, backward 5F) at the memory rate"),
+        "each weight-gradient pass writes all local expert weight gradients (a chunked backward pays that once "
+        "per chunk)" + (f": {h.wgrad_ns_per_weight:g} ns per weight (calibrated)" if h.wgrad_ns_per_weight is not None
+                        else ": 3 accesses per weight at the memory rate"),
         f"attention/dense forward {req.attn_ms:g} ms per layer and micro-batch, backward twice that",
         "the forward dispatch first exchanges token counts (one more all-to-all latency)",
         f"overlap efficiency {h.overlap_efficiency:.2f}: step = serial - efficiency x (serial - ideal two-stream "

@@ -21,6 +21,7 @@ SCHEMA_MODELS: dict[str, str] = {
     "evals.schema.json": "moe_overlap.skill.evals_model:EvalSet",
     "verification-report.schema.json": "moe_overlap.verify.report_model:VerificationReport",
     "generate-result.schema.json": "moe_overlap.skill.generate:GenerateResult",
+    "estimate-result.schema.json": "moe_overlap.skill.estimate_model:EstimateResult",
 }
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

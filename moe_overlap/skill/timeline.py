@@ -27,6 +27,7 @@ class NodeTimes:
     post_b: float
     dgrad_b: float
     wgrad_b: float
+    wgrad_fixed: float  # paid by every weight-gradient pass whatever its rows (writes all weight grads)
     pre_b: float
     a2a: float  # one all-to-all (dispatch or combine, either pass) without its fixed latency
     a2a_latency: float  # fixed cost of one all-to-all
@@ -88,12 +89,12 @@ def _backward(tl: Timeline, n: NodeTimes, after: float, chunks: int) -> float:
         if c + 1 < chunks:
             comb[c + 1] = tl.add("comm", c_a2a, t)
         if chunks == 1:  # plain autograd: the experts' node computes dgrad and wgrad before passing on
-            m = tl.add("compute", n.dgrad_b + n.wgrad_b, comb[c])
+            m = tl.add("compute", n.dgrad_b + n.wgrad_b + n.wgrad_fixed, comb[c])
             ends.append(tl.add("comm", c_a2a, m))
         else:  # chunked: the grad all-to-all of chunk c starts after its dgrad; its wgrad runs beside it
             m = tl.add("compute", n.dgrad_b / chunks, comb[c])
             ends.append(tl.add("comm", c_a2a, m))
-            tl.add("compute", n.wgrad_b / chunks, m)
+            tl.add("compute", n.wgrad_b / chunks + n.wgrad_fixed, m)
     return tl.add("compute", n.pre_b, *ends)
 
 
@@ -127,9 +128,9 @@ def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wg
             f_pre = tl.add("compute", n.pre_f, f_done)
             if delay_wgrad:
                 b_d = tl.add("compute", n.dgrad_b, b_comb)
-                tl.add("compute", n.wgrad_b, b_d)
+                tl.add("compute", n.wgrad_b + n.wgrad_fixed, b_d)
             else:
-                b_d = tl.add("compute", n.dgrad_b + n.wgrad_b, b_comb)
+                b_d = tl.add("compute", n.dgrad_b + n.wgrad_b + n.wgrad_fixed, b_comb)
             f_cnt = tl.add("comm", n.count_exchange, f_pre)
             f_disp = tl.add("comm", a2a, f_cnt)
             b_disp = tl.add("comm", a2a, b_d)

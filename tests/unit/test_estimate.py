@@ -145,14 +145,14 @@ def test_single_micro_batch_has_no_1f1b():
     (2.0, 2.0, 8, 2 * 2.0),  # chunk hides behind the previous combine (order d0 d1 c0 d2 c1 ... c7)
 ])
 def test_chunked_pipeline_fill_and_drain(comm, comp, chunks, fwd):
-    n = NodeTimes(0, comp, 0, 0, 0, 0, 0, comm, 0, 0)
+    n = NodeTimes(0, comp, 0, 0, 0, 0, 0, 0, comm, 0, 0)
     tl = layer_timeline(n, chunks, chunk_backward=False)
     assert tl.makespan == pytest.approx(fwd + 2 * comm)  # backward unchunked: nothing to overlap there
     assert layer_timeline(n, 1).makespan == pytest.approx(comp + 4 * comm)
 
 
 def test_blend_interpolates():
-    n = NodeTimes(0.1, 1, 0.1, 0.1, 1, 1, 0.2, 2, 0.01, 0.01)
+    n = NodeTimes(0.1, 1, 0.1, 0.1, 1, 1, 0.05, 0.2, 2, 0.01, 0.01)
     tl = one_f_one_b_timeline(n, layers=2, micro_batches=3, delay_wgrad=True)
     assert blend(tl, 0.0) == pytest.approx(tl.serial)
     assert blend(tl, 1.0) == pytest.approx(tl.makespan)
@@ -163,7 +163,7 @@ durations = st.floats(0.0, 5.0, allow_nan=False)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(durations, min_size=10, max_size=10), st.integers(1, 3), st.integers(1, 4), st.integers(1, 6))
+@given(st.lists(durations, min_size=11, max_size=11), st.integers(1, 3), st.integers(1, 4), st.integers(1, 6))
 def test_timeline_bounds(d, layers, mbs, chunks):
     n = NodeTimes(*d)
     for tl in (layer_timeline(n, chunks), one_f_one_b_timeline(n, layers, mbs, False),
@@ -247,3 +247,8 @@ def test_estimator_does_not_import_torch():
     code = ("import sys; import moe_overlap.skill.estimate, moe_overlap.commands.estimate, "
             "moe_overlap.verify.calibrate; sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_chunked_backward_pays_the_weight_gradient_write_per_chunk():
+    n = NodeTimes(0, 1.0, 0, 0, 1.0, 1.0, 0.5, 0, 0.0, 0, 0)
+    assert layer_timeline(n, 4).serial == pytest.approx(layer_timeline(n, 1).serial + 3 * 0.5)
