@@ -131,3 +131,14 @@ def test_cli_no_match_exit_1_and_empty_exit_2(capsys):
     assert main(["diagnose", "the coffee machine is broken"]) == 1
     assert main(["diagnose", "  "]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_card_and_diagnose_stay_torch_free():
+    import subprocess
+    import sys
+
+    code = ("import sys; import moe_overlap.skill.cards, moe_overlap.skill.diagnose, moe_overlap.commands.card, "
+            "moe_overlap.commands.diagnose; from moe_overlap.skill.diagnose import diagnose; diagnose('oom'); "
+            "print(sorted(m for m in ('torch', 'megatron', 'mcp') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
