@@ -39,7 +39,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn, rank, world, port, args, results, timeout):
+def _child(fn, rank, world, port, args, results, timeout, backend):
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         import datetime
@@ -48,8 +48,10 @@ def _child(fn, rank, world, port, args, results, timeout):
         import torch.distributed as dist
 
         torch.set_num_threads(1)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
             timeout=datetime.timedelta(seconds=timeout),
         )
         try:
@@ -63,18 +65,20 @@ def _child(fn, rank, world, port, args, results, timeout):
         results.put((rank, False, traceback.format_exc()))
 
 
-def run_ranks(fn, world: int, args: tuple = (), timeout: float = 120.0, start_method: str | None = None) -> list:
+def run_ranks(fn, world: int, args: tuple = (), timeout: float = 120.0, start_method: str | None = None,
+              backend: str = "gloo") -> list:
     """Run ``fn(rank, world, group, *args)`` in ``world`` child processes; return results by rank.
 
     ``start_method`` defaults to "fork" on Linux: a forked child inherits the already imported torch
     (re-importing it costs seconds per rank on a loaded machine), as DataLoader workers do;
-    "spawn" elsewhere, or when asked (env ``MOE_SPAWN_METHOD``).
+    "spawn" elsewhere, for ``backend="nccl"`` (rank r uses cuda:r; CUDA does not survive a fork),
+    or when asked (env ``MOE_SPAWN_METHOD``).
     """
-    default = "fork" if sys.platform.startswith("linux") else "spawn"
+    default = "fork" if sys.platform.startswith("linux") and backend == "gloo" else "spawn"
     ctx = mp.get_context(start_method or os.environ.get("MOE_SPAWN_METHOD", default))
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world, port, args, results, timeout), daemon=True)
+    procs = [ctx.Process(target=_child, args=(fn, r, world, port, args, results, timeout, backend), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()

@@ -132,3 +132,55 @@ def test_layer_matches_reference(world):
         want = ["topk=0", "topk=9"] + (["num_experts=3"] if world in (2, 4) else [])
         assert sorted(errors) == sorted(e for e in errors if any(w in e for w in want))
         assert all(any(w in e for e in errors) for w in want), errors
+
+
+# ---------------------------------------------------------------- single process (no group)
+def _single_layer(**kw):
+    from moe_overlap.ep.layer import MoELayer
+
+    return MoELayer(8, 8, 4, 2, **kw)
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda m: m(torch.zeros(3, 7)), "hidden size 7 != layer hidden=8"),
+    (lambda m: m(torch.zeros(3, 8, dtype=torch.float64)), "x dtype=torch.float64"),
+    (lambda m: m(torch.zeros(3, 8, dtype=torch.bfloat16)), "x dtype=torch.bfloat16 != layer dtype"),
+    (lambda m: m(torch.zeros(3, 8, device="meta")), "x device=meta"),
+    (lambda m: m(torch.zeros(3, 8), schedule="chunked", chunks=0), "chunks=0"),
+    (lambda m: m(torch.zeros(3, 8), schedule="1f1b"), "schedule='1f1b'"),
+])
+def test_bad_forward_input_names_the_parameter(call, needle):
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace("[", r"\[")):
+        call(_single_layer())
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"dtype": torch.float64}, "dtype=torch.float64"), ({"score": "relu"}, "score='relu'"),
+])
+def test_bad_construction(kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        _single_layer(**kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_layer_close_to_fp32(dtype):
+    layer = _single_layer()
+    x = torch.randn(10, 8, generator=torch.Generator().manual_seed(0))
+    want, _ = layer(x)
+    lp = _single_layer(dtype=dtype)
+    for schedule in ("none", "chunked"):
+        got, aux = lp(x.to(dtype).requires_grad_(), schedule=schedule, chunks=3)
+        assert got.dtype == dtype and aux.dtype == torch.float32
+        torch.testing.assert_close(got.float(), want.detach(), rtol=5e-2, atol=5e-2)
+        got.float().sum().backward()
+        assert lp.experts.w1.grad.dtype == dtype
+
+
+def test_zero_tokens_and_leading_dims():
+    layer = _single_layer()
+    out, aux = layer(torch.zeros(0, 8), schedule="chunked", chunks=4)
+    assert out.shape == (0, 8) and float(aux.detach()) == 0.0
+    x = torch.randn(2, 3, 8)
+    out3, _ = layer(x)
+    flat, _ = layer(x.reshape(6, 8))
+    assert out3.shape == (2, 3, 8) and torch.equal(out3.reshape(6, 8), flat)
