@@ -120,12 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _terminate_on_sigterm() -> None:
-    # SIGTERM (what clients send on shutdown) unwinds like Ctrl-C, so the lifespan's job shutdown runs.
+def _stop_jobs_on_signals(jobs: JobManager) -> None:
+    """SIGTERM / SIGINT (what clients send on shutdown): cancel the verifications, then exit at once.
+
+    Why not unwind normally: the stdio transport reads stdin in a worker thread, and interpreter
+    shutdown waits for that thread until the client closes the pipe; the ranks must die now.
+    """
     def handler(signum, frame):
-        raise KeyboardInterrupt
+        jobs.shutdown(wait_s=20)
+        os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"moe-overlap-mcp: {exc}", file=sys.stderr)
         return 2
-    _terminate_on_sigterm()
+    _stop_jobs_on_signals(server.jobs)  # type: ignore[attr-defined]
     try:
         if args.transport == "stdio":
             server.run("stdio")
@@ -151,8 +157,6 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
             server.run("streamable-http", host=args.host, port=args.port,
                        transport_security=transport_security(args.host, args.port, args.allowed_host))
-    except KeyboardInterrupt:
-        pass
     finally:
         server.jobs.shutdown(wait_s=30)  # type: ignore[attr-defined]
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import anyio
@@ -64,7 +65,8 @@ async def test_client_gone_during_blocking_run_kills_every_rank(server):
     assert not [p for p in ranks if _alive(p)]
 
 
-def test_stdio_client_closing_stdin_ends_the_run(tmp_path):
+@pytest.mark.parametrize("how", ["close-stdin", "sigterm"])
+def test_stdio_client_gone_ends_the_run(tmp_path, how):
     session = StdioSession("--runs-dir", str(tmp_path))
     try:
         session.send(initialize_request(1))
@@ -75,7 +77,11 @@ def test_stdio_client_closing_stdin_ends_the_run(tmp_path):
         reply = session.wait_for(2, timeout=60)
         assert reply["result"]["isError"] is False, reply
         ranks = _wait_for(lambda: descendant_pids(session.proc.pid), 60, "rank processes")
+        if how == "sigterm":
+            session.proc.send_signal(signal.SIGTERM)
+            assert session.proc.wait(60) == 128 + signal.SIGTERM
     finally:
         code = session.close(timeout=60)
-    assert code == 0, session.stderr()[-3000:]
+    if how == "close-stdin":
+        assert code == 0, session.stderr()[-3000:]
     _wait_for(lambda: not [p for p in ranks if _alive(p)], 10, "ranks to exit")
