@@ -95,6 +95,13 @@ def test_rule_ids_equal_card_constraint_ids_both_ways():
     assert len(set(RULES)) == len(all_rules())
 
 
+def test_card_severity_equals_rule_severity():
+    """The card tells people how serious a constraint is; the validator must say the same."""
+    card = {c.id: c.severity for c in load_card("perf-expert-parallel-overlap").constraints}
+    mismatched = {rid: (card[rid], RULES[rid].severity) for rid in card if card[rid] != RULES[rid].severity}
+    assert not mismatched, f"card vs validator severity differ: {mismatched}"
+
+
 @pytest.mark.parametrize("rule_id", sorted(CASES))
 def test_rule_fires_on_violation(rule_id):
     bad, _good, kwargs, core = CASES[rule_id]
