@@ -1,4 +1,4 @@
-"""Training-step benchmark: step time and peak memory for none / chunked / 1f1b / 1f1b+wgrad.
+"""Training-step benchmark: step time and peak memory for plain / none / chunked / 1f1b / 1f1b+wgrad.
 
     python benchmarks/step.py --device cpu --world 2 4          # gloo ranks on CPU (CI-sized model)
     python benchmarks/step.py --device cuda --preset gpu        # EP 1 on one GPU (the lent H200)
@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import os
 import platform
 import statistics
 import sys
@@ -34,7 +35,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODES = (("none", False), ("chunked", False), ("1f1b", False), ("1f1b", True))
+# name -> (schedule, delay_wgrad); "plain" is MoELayer's autograd path without nodes (the cost of the
+# node machinery shows as none/plain; the cost of the 1F1B reordering as 1f1b/none).
+MODES = {"plain": ("plain", False), "none": ("none", False), "chunked": ("chunked", False),
+         "1f1b": ("1f1b", False), "1f1b+wgrad": ("1f1b", True)}
 PRESETS = {
     "cpu": dict(vocab_size=256, hidden=128, ffn=128, num_heads=4, num_layers=2, num_experts=8, topk=2,
                 batch=2, seq=128, micro_batches=4),
@@ -66,7 +70,7 @@ def bench_body(rank, world, group, preset, device_type, rounds, chunks, dtype_na
     from torch.profiler import ProfilerActivity, profile
 
     from moe_overlap.ep.model import ModelConfig, MoETransformer
-    from moe_overlap.ep.step import forward_backward
+    from moe_overlap.ep.step import autograd_forward_backward, forward_backward
     from moe_overlap.ep.streams import make_comm_stream, synchronize
 
     device = torch.device(device_type)
@@ -75,11 +79,11 @@ def bench_body(rank, world, group, preset, device_type, rounds, chunks, dtype_na
     cfg = ModelConfig(**fields)
     model = MoETransformer(cfg, group).to(device=device, dtype=dtype)
     stream = make_comm_stream(device)
-    times = {f"{s}{'+wgrad' if d else ''}": [] for s, d in MODES}
+    times = {name: [] for name in MODES}
     mem = dict.fromkeys(times, 0)
     for r in range(rounds + 1):  # round 0 is warm-up (allocator, lazy init, gloo connections)
         batches = _batches(cfg, preset, rank, r, device)
-        for (schedule, delay), name in zip(MODES, times, strict=True):
+        for name, (schedule, delay) in MODES.items():
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             synchronize(device)
@@ -89,8 +93,12 @@ def bench_body(rank, world, group, preset, device_type, rounds, chunks, dtype_na
             t0 = time.perf_counter()
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) if hooks \
                     else contextlib.nullcontext() as prof:
-                forward_backward(model, batches, schedule=schedule, delay_wgrad=delay, chunks=chunks,
-                                 group=group, streams=stream)
+                if schedule == "plain":
+                    autograd_forward_backward(model, batches, layer_schedule="none", chunks=1, group=group,
+                                              streams=stream)
+                else:
+                    forward_backward(model, batches, schedule=schedule, delay_wgrad=delay, chunks=chunks,
+                                     group=group, streams=stream)
             synchronize(device)
             dt = time.perf_counter() - t0
             model.zero_grad(set_to_none=True)
@@ -115,13 +123,15 @@ def run(device: str, worlds: list[int], preset_name: str, rounds: int, chunks: i
         else:
             per_rank = run_ranks(bench_body, world=world, args=(preset, device, rounds, chunks, dtype),
                                  timeout=1800)
-        base = None
-        for name in per_rank[0]["times"]:
+        def med(name, per_rank=per_rank):
+            return statistics.median([max(r["times"][name][i] for r in per_rank) for i in range(rounds)])
+
+        for name in MODES:
             per_round = [max(r["times"][name][i] for r in per_rank) for i in range(rounds)]
-            med = statistics.median(per_round)
-            base = base or med
-            rows.append({"world": world, "mode": name, "step_ms_median": round(med * 1e3, 3),
-                         "step_ms_min": round(min(per_round) * 1e3, 3), "vs_none": round(med / base, 3),
+            rows.append({"world": world, "mode": name, "step_ms_median": round(med(name) * 1e3, 3),
+                         "step_ms_min": round(min(per_round) * 1e3, 3),
+                         "vs_none": round(med(name) / med("none"), 3),
+                         "vs_plain": round(med(name) / med("plain"), 3),
                          "peak_memory_bytes": max(r["mem"][name] for r in per_rank),
                          "memory_kind": "cuda_max_allocated" if device == "cuda" else "cpu_profiler_peak_over_step"})
     return {"preset": preset_name, "config": preset, "rounds": rounds, "chunks": chunks, "dtype": dtype,
@@ -161,14 +171,14 @@ def main() -> int:
         "command": "python " + " ".join(sys.argv),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpu_count": __import__("os").cpu_count(),
+                    "cpu_count": os.cpu_count(), "load_avg_1_5_15_at_end": list(os.getloadavg()),
                     "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None},
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
     })
-    print(f"{'world':>5} {'mode':<12} {'median ms':>10} {'min ms':>9} {'vs none':>8} {'peak MiB':>9}")
+    print(f"{'world':>5} {'mode':<12} {'median ms':>10} {'min ms':>9} {'vs none':>8} {'vs plain':>9} {'peak MiB':>9}")
     for r in result["rows"]:
         print(f"{r['world']:>5} {r['mode']:<12} {r['step_ms_median']:>10.1f} {r['step_ms_min']:>9.1f} "
-              f"{r['vs_none']:>8.3f} {r['peak_memory_bytes'] / 2**20:>9.2f}")
+              f"{r['vs_none']:>8.3f} {r['vs_plain']:>9.3f} {r['peak_memory_bytes'] / 2**20:>9.2f}")
     out = a.out or ROOT / "benchmarks" / "results" / f"step_{a.device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
