@@ -20,6 +20,36 @@ from moe_overlap.verify.modes import ModeSpec
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class Adam:
+    """Plain Adam (Kingma & Ba; no weight decay, no amsgrad), one parameter at a time.
+
+    Why not torch.optim.Adam: constructing any torch.optim optimizer imports torch._dynamo, which costs
+    2-5 s per rank on this kind of machine, as much as importing torch itself; a verification launches
+    every rank anew. The update is the textbook one in the parameter's dtype, identical for every mode.
+    """
+
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.lr, (self.b1, self.b2), self.eps, self.t = lr, betas, eps, 0
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.v = [torch.zeros_like(p) for p in self.params]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.t += 1
+        c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
+        for p, m, v in zip(self.params, self.m, self.v, strict=True):
+            if p.grad is None:
+                continue
+            m.mul_(self.b1).add_(p.grad, alpha=1 - self.b1)
+            v.mul_(self.b2).addcmul_(p.grad, p.grad, value=1 - self.b2)
+            p.addcdiv_(m, (v / c2).sqrt_().add_(self.eps), value=-self.lr / c1)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+
 class InjectedFault(RuntimeError):
     """Raised by the test-only fault injection (crash:RANK:MODE:STEP)."""
 
@@ -99,7 +129,7 @@ class ModeRunner:
                            num_experts=cfg.num_moe_experts, topk=cfg.moe_router_topk, seed=cfg.seed)
         self.model = MoETransformer(mcfg, group).to(device=device, dtype=DTYPES[cfg.precision])
         lr = cfg.lr * (1.5 if fault == f"perturb:{spec.name}" else 1.0)  # test-only: a deliberately wrong mode
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.opt = Adam(self.model.parameters(), lr=lr)
         self.crash_at = _fault_for(fault, "crash", self.rank, spec.name)
         self.hang_at = _fault_for(fault, "hang", self.rank, spec.name)
         self.tokens_per_step = self.world * cfg.micro_batches * cfg.micro_batch_size * cfg.seq_length
@@ -127,7 +157,7 @@ class ModeRunner:
         result = forward_backward(self.model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
                                   chunks=cfg.chunks, group=self.group, streams=self.comm_stream)
         self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
 
 import pytest
 
+from moe_overlap.skill.logs import check_training_log
 from moe_overlap.verify.api import run_verification
 from moe_overlap.verify.options import VerifyOptions
 from moe_overlap.verify.plan import VerifyInputError, make_plan
@@ -100,3 +102,23 @@ def test_two_verifications_at_once_do_not_collide(tmp_path, monkeypatch):
     for r in reports.values():
         assert_report_valid(r.out_dir)
     assert_no_orphans(token)
+
+
+@pytest.mark.slow
+def test_worker_runs_under_torchrun_unchanged(tmp_path):
+    """The printed torchrun command runs as is (torchrun sets RANK/WORLD_SIZE/MASTER_*; no launcher around)."""
+    res = _cli("--print-launch", "torchrun", "--steps", "2", "--micro-batches", "2", "--modes", "overlap",
+               "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    cmd = shlex.split(res.stdout.strip())
+    assert cmd[0] == "torchrun"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", *cmd[1:]], capture_output=True, text=True,
+                         timeout=180, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for rank in (0, 1):
+        records = [json.loads(line) for line in (tmp_path / "ranks" / f"rank{rank}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if r["kind"] == "step"] == [0, 1]
+        assert records[-1]["kind"] == "done"
+        log = (tmp_path / "logs" / "overlap" / f"rank{rank}.log").read_text()
+        assert check_training_log(log).ok
