@@ -96,17 +96,25 @@ def _is_within(path: Path, root: Path) -> bool:
     return True
 
 
-def read_text_file(path: Path, *, max_bytes: int, keep: str = "head") -> tuple[str, bool]:
-    """Read a file as UTF-8 (undecodable bytes replaced), at most `max_bytes`.
+def read_text_file(path: Path, *, max_bytes: int) -> tuple[str, int]:
+    """Read a file as UTF-8 (undecodable bytes replaced), at most `max_bytes` of it.
 
-    Returns (text, truncated). `keep="tail"` keeps the end: a training log's failure is at its end.
+    Returns (text, bytes left out). A larger file keeps its head (1/8 of the budget) and its tail, with a
+    marker line between them: a training log prints its effective config at the start and its failure
+    at the end, and both matter.
     """
     size = path.stat().st_size
     with path.open("rb") as fh:
-        if size > max_bytes and keep == "tail":
-            fh.seek(size - max_bytes)
-        data = fh.read(max_bytes)
-    return data.decode("utf-8", errors="replace"), size > max_bytes
+        if size <= max_bytes:
+            return fh.read().decode("utf-8", errors="replace"), 0
+        head = fh.read(max_bytes // 8)
+        tail_bytes = max_bytes - len(head)
+        fh.seek(size - tail_bytes)
+        tail = fh.read(tail_bytes)
+    omitted = size - len(head) - len(tail)
+    text = (head.decode("utf-8", errors="replace") + f"\n[... {omitted} bytes of {path.name} omitted ...]\n"
+            + tail.decode("utf-8", errors="replace"))
+    return text, omitted
 
 
 def check_size(value: str, *, field: str, limit: int) -> None:

@@ -15,10 +15,12 @@ from typing import Any
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field, create_model
 
 from moe_overlap.mcp import inputs as ins
-from moe_overlap.mcp.results import CardField, SkillInfo, SkillList
-from moe_overlap.mcp.safety import MAX_LOG_FILE_BYTES, AllowedRoots, read_text_file
+from moe_overlap.mcp import safety
+from moe_overlap.mcp.results import CardField, SkillInfo, SkillList, Truncation
+from moe_overlap.mcp.safety import AllowedRoots, read_text_file
 from moe_overlap.mcp.toolkit import ArgumentGuard, add_model_tool, annotations
 
 logger = logging.getLogger(__name__)
@@ -119,20 +121,24 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
         except ValueError as exc:
             raise as_tool_error(exc, "request") from None
 
+    log_result: dict[str, Any] = {}  # the output model, built with the other models below
+
     async def check_training_log(inp: ins.CheckLogInput, ctx: Context) -> Any:
         from moe_overlap.skill import logs
 
-        text = inp.text
+        text, source, cut = inp.text, "inline text", None
         if inp.path is not None:
             path = roots.resolve_file(inp.path, field="path")
-            # The tail: the effective config is printed early but failures and the last steps are at the end;
-            # beyond the limit the head is dropped and the result says so through the log checker's input.
-            text, _ = await anyio.to_thread.run_sync(
-                lambda: read_text_file(path, max_bytes=MAX_LOG_FILE_BYTES, keep="tail"))
+            text, omitted = await anyio.to_thread.run_sync(
+                lambda: read_text_file(path, max_bytes=safety.MAX_LOG_FILE_BYTES))
+            source = str(path)
+            if omitted:
+                cut = Truncation(omitted=omitted, where=f"{path} (bytes between the head and the tail read)")
         try:
-            return await anyio.to_thread.run_sync(logs.check_training_log, text)
+            result = await anyio.to_thread.run_sync(logs.check_training_log, text)
         except ValueError as exc:
             raise as_tool_error(exc, "text") from None
+        return log_result["model"](**result.model_dump(), source=source, truncated=cut)
 
     async def diagnose_failure(inp: ins.DiagnoseInput, ctx: Context) -> Any:
         from moe_overlap.skill import diagnose
@@ -186,6 +192,12 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
             # A partial install or a checkout mid-change: serve the other tools, say which one is missing.
             logger.warning("tool %s not served: %s", name, exc)
             continue
+        if name == "check_training_log":
+            # The log checker's result plus where the text came from and what of a huge file was skipped.
+            result = log_result["model"] = create_model(
+                "LogCheckOutput", __base__=result,
+                source=(str, Field(description="'inline text' or the file read")),
+                truncated=(Truncation | None, Field(None, description="set when a large file was read in part")))
         add_model_tool(server, guard, name=name, input_model=model, result_model=result, handler=handler,
                        description=description, hints=annotations(title=title, **READ_ONLY),
                        descriptions=EXTRA_DESCRIPTIONS)

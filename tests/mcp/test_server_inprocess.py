@@ -161,7 +161,11 @@ async def test_logs_and_diagnosis(server, mode, allowed_dir):
         inline = await client.call_tool("check_training_log", {"text": log})
         from_file = await client.call_tool("check_training_log", {"path": "train.log"})
         assert not inline.is_error and not from_file.is_error, text_of(inline) + text_of(from_file)
-        assert inline.structured_content == from_file.structured_content
+        same = {k: v for k, v in inline.structured_content.items() if k != "source"}
+        assert same == {k: v for k, v in from_file.structured_content.items() if k != "source"}
+        assert inline.structured_content["source"] == "inline text"
+        assert from_file.structured_content["source"].endswith("train.log")
+        assert from_file.structured_content["truncated"] is None
         assert inline.structured_content["effective_config"]["overlap_moe_expert_parallel_comm"] is True
         assert inline.structured_content["ok"] is False  # the traceback is reported
         diag = await client.call_tool("diagnose_failure", {"text": "AssertionError: overlap_moe_expert_parallel_comm "

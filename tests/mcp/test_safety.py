@@ -1,0 +1,81 @@
+"""Path confinement, partial reads of huge files, and the HTTP bind rules (no server needed)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from mcp.server.mcpserver.exceptions import ToolError
+
+from moe_overlap.mcp.safety import AllowedRoots, read_text_file
+from moe_overlap.server import is_loopback, main, transport_security
+
+
+@pytest.fixture
+def roots(tmp_path):
+    inside = tmp_path / "inside"
+    (inside / "sub").mkdir(parents=True)
+    (inside / "sub" / "a.log").write_text("hello\n")
+    (tmp_path / "outside.log").write_text("secret\n")
+    return AllowedRoots.from_paths([inside]), inside, tmp_path
+
+
+def test_paths_inside_are_resolved(roots):
+    allowed, inside, _ = roots
+    assert allowed.resolve_file("sub/a.log", field="path") == (inside / "sub" / "a.log").resolve()
+    assert allowed.resolve_file(str(inside / "sub" / "a.log"), field="path").name == "a.log"
+
+
+@pytest.mark.parametrize("raw,words", [
+    ("../outside.log", "'..'"),
+    ("sub/../../outside.log", "'..'"),
+    ("", "not a usable path"),
+    ("a\x00b", "not a usable path"),
+    ("sub", "not a regular file"),
+    ("nope.log", "no such file"),
+])
+def test_bad_paths_refused(roots, raw, words):
+    allowed, _, _ = roots
+    with pytest.raises(ToolError) as err:
+        allowed.resolve_file(raw, field="path")
+    assert words in str(err.value) and "`path`" in str(err.value) and "Fix" in str(err.value)
+
+
+def test_absolute_and_symlink_escapes_refused(roots):
+    allowed, inside, tmp = roots
+    with pytest.raises(ToolError, match="outside the allowed"):
+        allowed.resolve_file(str(tmp / "outside.log"), field="path")
+    os.symlink(tmp / "outside.log", inside / "link.log")
+    os.symlink(tmp, inside / "dirlink")
+    for raw in ("link.log", "dirlink/outside.log"):
+        with pytest.raises(ToolError, match="symbolic link"):
+            allowed.resolve_file(raw, field="path")
+
+
+def test_huge_file_keeps_head_and_tail(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("CONFIG overlap_moe_expert_parallel_comm True\n" + "x" * 10_000 + "\nTraceback: the end\n")
+    text, omitted = read_text_file(log, max_bytes=800)
+    assert text.startswith("CONFIG") and text.endswith("the end\n")
+    assert omitted == log.stat().st_size - 800 and f"{omitted} bytes of train.log omitted" in text
+    assert read_text_file(log, max_bytes=1 << 20) == (log.read_text(), 0)
+
+
+def test_loopback_detection():
+    assert all(is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.2"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "192.168.1.5", "example.com", "::"))
+
+
+def test_dns_rebinding_protection_always_on():
+    local = transport_security("127.0.0.1", 8765, [])
+    assert local.enable_dns_rebinding_protection and "127.0.0.1:*" in local.allowed_hosts
+    assert not any(h.startswith("10.") for h in local.allowed_hosts)
+    remote = transport_security("10.0.0.7", 8765, ["gpu-box"])
+    assert remote.enable_dns_rebinding_protection
+    assert {"10.0.0.7:*", "gpu-box:*"} <= set(remote.allowed_hosts)
+
+
+def test_non_loopback_bind_needs_allow_remote(capsys):
+    assert main(["--transport", "streamable-http", "--host", "0.0.0.0", "--port", "1"]) == 2
+    err = capsys.readouterr()
+    assert "--allow-remote" in err.err and err.out == ""
