@@ -16,7 +16,6 @@ import ipaddress
 import os
 import signal
 import sys
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -56,7 +55,7 @@ def build_server(options: ServerOptions | None = None) -> MCPServer:
     """The configured server (no transport started): used by main() and by in-process tests."""
     options = options or ServerOptions()
     roots = AllowedRoots.from_paths(options.allowed_dirs)
-    runs_dir = Path(options.runs_dir or tempfile.mkdtemp(prefix="moe-overlap-mcp-runs-"))
+    runs_dir = Path(options.runs_dir) if options.runs_dir else None  # None: a temp folder on first use
     jobs = JobManager(max_running=options.max_running_jobs)
 
     @asynccontextmanager
@@ -69,8 +68,9 @@ def build_server(options: ServerOptions | None = None) -> MCPServer:
 
     guard = ArgumentGuard()
     skills = resources.skill_folders()
-    server = MCPServer(NAME, title="MoE EP-overlap skill", version=__version__, instructions=INSTRUCTIONS,
-                       website_url=None, lifespan=lifespan, middleware=[guard],
+    instructions = INSTRUCTIONS + f"\nAllowed folders: {roots.describe()} (relative paths start in the first)."
+    server = MCPServer(NAME, title="MoE EP-overlap skill", version=__version__, instructions=instructions,
+                       lifespan=lifespan, middleware=[guard],
                        extensions=[SkillsExtension(skills)], log_level=options.log_level)  # type: ignore[arg-type]
     for entry in resources.registry():
         server.add_resource(FileResource(uri=entry.uri, name=entry.name, description=entry.description,

@@ -8,6 +8,7 @@ and waited for, so its rank processes end with it. Torch-free: torch runs in the
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -82,14 +83,21 @@ def status_of(job: Job, *, with_children: bool = False) -> VerificationStatus:
 
 
 def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager,
-             runs_dir: Path) -> None:
+             runs_dir: Path | None) -> None:
+    folder: list[Path] = [runs_dir] if runs_dir is not None else []
+
+    def runs_folder() -> Path:
+        if not folder:  # created on the first run only: a server that never verifies leaves nothing behind
+            folder.append(Path(tempfile.mkdtemp(prefix="moe-overlap-mcp-runs-")))
+        return folder[0]
+
     def options_for(inp: ins.RunVerificationInput) -> Any:
         from moe_overlap.verify.options import VerifyOptions
 
         source = None
         if any(x is not None for x in (inp.config, inp.config_text, inp.config_path)):
             source = config_source(inp, roots)
-        out = runs_dir / f"run-{uuid.uuid4().hex[:12]}"
+        out = runs_folder() / f"run-{uuid.uuid4().hex[:12]}"
         from moe_overlap.verify.plan import VerifyInputError, make_plan
 
         try:
