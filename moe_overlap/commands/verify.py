@@ -26,6 +26,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite a folder that already holds a report")
     parser.add_argument("--print-launch", choices=["torchrun", "slurm"],
                         help="print the torchrun command or an sbatch script instead of running")
+    parser.add_argument("--judge", metavar="DIR", help="judge a run launched elsewhere (torchrun/slurm) from the "
+                        "records in DIR (written by --print-launch) and write its report")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--inject-fault", help=argparse.SUPPRESS)  # test-only
     add_format_argument(parser)
@@ -88,14 +90,19 @@ def run(args) -> int:
     options = _options(args)
     try:
         if args.print_launch:
-            from moe_overlap.verify.launch_print import slurm_script, torchrun_command, write_config
+            from moe_overlap.verify.launch_print import slurm_script, torchrun_command
+            from moe_overlap.verify.offline import write_plan
 
             plan = make_plan(options, local=False)
-            config_path = write_config(plan)
-            print(torchrun_command(plan, config_path=config_path) if args.print_launch == "torchrun"
-                  else slurm_script(plan))
+            write_plan(plan)
+            print(torchrun_command(plan) if args.print_launch == "torchrun" else slurm_script(plan))
             return EXIT_OK
-        report = run_verification(options, progress=_progress_printer(args.quiet))
+        if args.judge:
+            from moe_overlap.verify.offline import judge_run_dir
+
+            report = judge_run_dir(args.judge)
+        else:
+            report = run_verification(options, progress=_progress_printer(args.quiet))
     except VerifyInputError as exc:
         raise CommandError(exc.message, field=exc.field, fix=exc.fix) from None
     emit(report, args.format, _text(report))

@@ -27,7 +27,7 @@ from moe_overlap.verify.judge import (
     criterion_validation,
     verdict,
 )
-from moe_overlap.verify.launcher import launch
+from moe_overlap.verify.launcher import LaunchResult, launch
 from moe_overlap.verify.options import VerifyOptions
 from moe_overlap.verify.plan import Plan, VerifyInputError, make_plan, validate_modes
 from moe_overlap.verify.records import mode_log_path
@@ -99,6 +99,41 @@ def _lost_port_race(result) -> bool:
     return result.status == "crashed" and no_step and "Address already in use" in (result.traceback or "")
 
 
+def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *, started_at: str, t0: float,
+                 command: str | None, extra_notes: list[str] = ()) -> VerificationReport:
+    """Judge a finished launch by the four criteria and write report.json / report.md / loss.png."""
+    runs = _runs(plan, result.records)
+    log_checks = _log_checks(plan, runs)
+    launch_ev = {"status": result.status, "message": result.message, "returncodes": result.returncodes,
+                 "elapsed_s": round(result.elapsed_s, 2), "pids": result.pids}
+    throughput_binding = plan.device == "cuda"
+    criteria = [criterion_validation(validation), criterion_completion(launch_ev, runs, plan.cfg.steps, log_checks),
+                criterion_throughput(runs, throughput_binding), criterion_loss(runs, plan.cfg.precision)]
+    v = verdict(result.status, criteria)
+    notes = list(plan.notes) + list(extra_notes)
+    if not throughput_binding:
+        notes.append("throughput is measured but not binding on --device cpu: gloo on shared CPU cores is not the "
+                     "target workload; run with --device cuda for a binding throughput criterion")
+    failure = None
+    if result.status != "completed":
+        failure = RankFailure(rank=result.failed_rank, kind=result.status, message=result.message,
+                              traceback=result.traceback, stacks=result.stacks)
+    torch_version = next((rec.get("torch") for rec in result.records.get(0, []) if rec.get("kind") == "init"),
+                         None) or _torch_version()
+    failed = [c.id for c in criteria if c.status == "fail"]
+    summary = {"passed": "all success criteria met", "failed": "criteria failed: " + ", ".join(failed)}.get(
+        v, f"{v}: {result.message}")
+    report = VerificationReport(
+        verdict=v, summary=summary, started_at=started_at, elapsed_s=round(time.monotonic() - t0, 2),
+        command=command, config_source=plan.config_source, config=plan.cfg.model_dump(),
+        mapping_notes=plan.mapping_notes, modes=[s.name for s in plan.specs], criteria=criteria, runs=runs,
+        failure=failure, out_dir=str(plan.out), notes=notes,
+        environment=RunEnvironment(device=plan.device, backend="nccl" if plan.device == "cuda" else "gloo",
+                                   nproc=plan.nproc, python=sys.version.split()[0], torch=torch_version,
+                                   platform=platform.platform(), hostname=socket.gethostname()))
+    return write_outputs(report, plan.out)
+
+
 def run_verification(options: VerifyOptions, progress: Progress | None = None,
                      cancel: threading.Event | None = None) -> VerificationReport:
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -141,36 +176,8 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
                 shutil.rmtree(plan.out / name, ignore_errors=True)
             continue
         break
-    runs = _runs(plan, result.records)
-    log_checks = _log_checks(plan, runs)
-    launch_ev = {"status": result.status, "message": result.message, "returncodes": result.returncodes,
-                 "elapsed_s": round(result.elapsed_s, 2), "pids": result.pids}
-    throughput_binding = plan.device == "cuda"
-    criteria = [criterion_validation(validation), criterion_completion(launch_ev, runs, plan.cfg.steps, log_checks),
-                criterion_throughput(runs, throughput_binding), criterion_loss(runs, plan.cfg.precision)]
-    v = verdict(result.status, criteria)
-    notes = list(plan.notes) + progress_broken
-    if not throughput_binding:
-        notes.append("throughput is measured but not binding on --device cpu: gloo on shared CPU cores is not the "
-                     "target workload; run with --device cuda for a binding throughput criterion")
-    failure = None
-    if result.status != "completed":
-        failure = RankFailure(rank=result.failed_rank, kind=result.status, message=result.message,
-                              traceback=result.traceback, stacks=result.stacks)
-    torch_version = next((rec.get("torch") for rec in result.records.get(0, []) if rec.get("kind") == "init"),
-                         None) or _torch_version()
-    failed = [c.id for c in criteria if c.status == "fail"]
-    summary = {"passed": "all success criteria met", "failed": "criteria failed: " + ", ".join(failed)}.get(
-        v, f"{v}: {result.message}")
-    report = VerificationReport(
-        verdict=v, summary=summary, started_at=started_at, elapsed_s=round(time.monotonic() - t0, 2),
-        command=options_command(options), config_source=plan.config_source, config=plan.cfg.model_dump(),
-        mapping_notes=plan.mapping_notes, modes=[s.name for s in plan.specs], criteria=criteria, runs=runs,
-        failure=failure, out_dir=str(plan.out), notes=notes,
-        environment=RunEnvironment(device=plan.device, backend="nccl" if plan.device == "cuda" else "gloo",
-                                   nproc=plan.nproc, python=sys.version.split()[0], torch=torch_version,
-                                   platform=platform.platform(), hostname=socket.gethostname()))
-    report = write_outputs(report, plan.out)
+    report = build_report(plan, result, validation, started_at=started_at, t0=t0,
+                          command=options_command(options), extra_notes=progress_broken)
     emit({"event": "done", "verdict": report.verdict, "out": str(plan.out)})
     return report
 

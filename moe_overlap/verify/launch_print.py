@@ -3,7 +3,7 @@ cluster, instead of running it here (torch-free).
 
 The worker reads the standard torch.distributed environment, so torchrun (or Slurm + torchrun) starts it
 unchanged across nodes. Every rank writes its records and logs under the shared --out folder; ``moe-overlap
-verify`` itself is what judges a local run (on a cluster, read the per-rank logs with check-logs).
+verify --judge OUT`` then writes the same report as a local run (offline.py).
 """
 
 from __future__ import annotations
@@ -47,16 +47,10 @@ def slurm_script(plan: Plan, *, gpus_per_node: int = 8) -> str:
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export CUDA_DEVICE_MAX_CONNECTIONS=32  # the overlap needs >1 hardware queue (ANCHORS §1)",
         f"mkdir -p {shlex.quote(str(plan.out))}",
-        "# config.json is the effective VerifyConfig; write it once with:",
+        "# config.json (the effective VerifyConfig) and plan.json were written by:",
         f"#   moe-overlap verify --nproc {plan.nproc} --print-launch torchrun --out {shlex.quote(str(plan.out))}",
         f"srun --ntasks-per-node=1 {cmd}",
+        "# then, from any node that sees the folder:",
+        f"#   moe-overlap verify --judge {shlex.quote(str(plan.out))}",
         "",
     ])
-
-
-def write_config(plan: Plan) -> str:
-    """Write config.json where the printed command expects it; returns its path."""
-    plan.out.mkdir(parents=True, exist_ok=True)
-    path = plan.out / "config.json"
-    path.write_text(plan.cfg.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    return str(path)

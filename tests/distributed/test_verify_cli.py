@@ -107,7 +107,7 @@ def test_two_verifications_at_once_do_not_collide(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_worker_runs_under_torchrun_unchanged(tmp_path):
     """The printed torchrun command runs as is (torchrun sets RANK/WORLD_SIZE/MASTER_*; no launcher around)."""
-    res = _cli("--print-launch", "torchrun", "--steps", "2", "--micro-batches", "2", "--modes", "overlap",
+    res = _cli("--print-launch", "torchrun", "--steps", "3", "--micro-batches", "2", "--modes", "baseline,overlap",
                "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr
     cmd = shlex.split(res.stdout.strip())
@@ -118,7 +118,14 @@ def test_worker_runs_under_torchrun_unchanged(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     for rank in (0, 1):
         records = [json.loads(line) for line in (tmp_path / "ranks" / f"rank{rank}.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in records if r["kind"] == "step"] == [0, 1]
+        assert [r["step"] for r in records if r["kind"] == "step" and r["mode"] == "overlap"] == [0, 1, 2]
         assert records[-1]["kind"] == "done"
         log = (tmp_path / "logs" / "overlap" / f"rank{rank}.log").read_text()
         assert check_training_log(log).ok
+    # the same report as a local run, judged from the records
+    judged = _cli("--judge", str(tmp_path), "--format", "json")
+    assert judged.returncode == 0, judged.stdout[-2000:] + judged.stderr
+    assert json.loads(judged.stdout)["verdict"] == "passed"
+    assert_report_valid(tmp_path)
+    (tmp_path / "ranks" / "rank1.jsonl").write_text("")  # a rank that never reported: not passed
+    assert _cli("--judge", str(tmp_path), "--force").returncode == 1

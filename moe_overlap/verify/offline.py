@@ -1,0 +1,82 @@
+"""Judge a run that `moe-overlap verify` did not launch itself: torchrun / Slurm (torch-free).
+
+`--print-launch` writes ``config.json`` and ``plan.json`` into --out; after the cluster job,
+``moe-overlap verify --judge OUT`` reads the ranks' records and logs there and writes the same report
+as a local run (the launcher's watchdog was not there: an unfinished rank is reported from its records).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from moe_overlap.verify.config import VerifyConfig
+from moe_overlap.verify.launcher import LaunchResult
+from moe_overlap.verify.modes import ModeSpec
+from moe_overlap.verify.plan import Plan, VerifyInputError, validate_modes
+from moe_overlap.verify.records import read_all, records_path
+from moe_overlap.verify.report_model import VerificationReport
+
+PLAN_FILE = "plan.json"
+
+
+def write_plan(plan: Plan) -> Path:
+    """Everything `judge_run_dir` needs to rebuild the plan (config.json is written beside it)."""
+    plan.out.mkdir(parents=True, exist_ok=True)
+    (plan.out / "config.json").write_text(plan.cfg.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    data = {"config_source": plan.config_source, "config_kind": plan.config_kind, "nproc": plan.nproc,
+            "device": plan.device, "specs": [s.to_dict() for s in plan.specs], "notes": plan.notes,
+            "mapping_notes": plan.mapping_notes,
+            "raw_source": plan.raw_source if isinstance(plan.raw_source, dict | None) else str(plan.raw_source)}
+    path = plan.out / PLAN_FILE
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _load_plan(out: Path) -> Plan:
+    try:
+        data = json.loads((out / PLAN_FILE).read_text(encoding="utf-8"))
+        cfg = VerifyConfig.model_validate_json((out / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise VerifyInputError(f"{out} is not a run folder written by --print-launch ({exc})", field="judge",
+                               fix="run `moe-overlap verify --print-launch torchrun --out DIR` first") from None
+    return Plan(cfg=cfg, config_source=data["config_source"], config_kind=data["config_kind"],
+                raw_source=data.get("raw_source"), nproc=int(data["nproc"]), device=data["device"],
+                specs=[ModeSpec(**s) for s in data["specs"]], out=out, notes=list(data.get("notes", [])),
+                mapping_notes=list(data.get("mapping_notes", [])))
+
+
+def _status(records: dict[int, list[dict[str, Any]]]) -> LaunchResult:
+    errors = [(rec["t"], r, rec.get("traceback")) for r, recs in records.items() for rec in recs
+              if rec.get("kind") == "error"]
+    if errors:
+        _, rank, tb = min(errors)
+        return LaunchResult(status="crashed", failed_rank=rank, message=f"rank {rank} raised an exception",
+                            traceback=tb, records=records)
+    unfinished = [r for r, recs in records.items() if not recs or recs[-1].get("kind") != "done"]
+    if unfinished:
+        r = unfinished[0]
+        last = records[r][-1] if records[r] else {}
+        return LaunchResult(status="crashed", failed_rank=r, records=records,
+                            message=f"rank {r} stopped without finishing (last record: {last.get('kind', 'none')} "
+                                    f"mode={last.get('mode')} step={last.get('step')}); killed or still running?")
+    return LaunchResult(status="completed", records=records)
+
+
+def judge_run_dir(out: str | Path) -> VerificationReport:
+    from moe_overlap.verify.api import build_report
+
+    out = Path(out)
+    plan = _load_plan(out)
+    records = {r: read_all(records_path(out, r)) for r in range(plan.nproc)}
+    result = _status(records)
+    result.returncodes = {r: None for r in range(plan.nproc)}
+    first = min((rec["t"] for recs in records.values() for rec in recs), default=time.time())
+    last = max((rec["t"] for recs in records.values() for rec in recs), default=first)
+    result.elapsed_s = last - first
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(first))
+    return build_report(plan, result, validate_modes(plan), started_at=started, t0=time.monotonic() - result.elapsed_s,
+                        command=f"moe-overlap verify --judge {out}",
+                        extra_notes=["judged offline from the ranks' records (no launcher watchdog)"])
