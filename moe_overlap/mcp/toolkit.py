@@ -94,12 +94,14 @@ def _describe(model: type[BaseModel], err: dict[str, Any]) -> str:
     what = (field.description or "").rstrip(".") if field else ""
     if err["type"] == "missing":
         return f"`{loc}`: required. Fix: add `{loc}` ({what})." if what else f"`{loc}`: required. Fix: add it."
-    got = repr(err.get("input"))
-    if len(got) > 80:
-        got = got[:77] + "..."
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
+    if not err["loc"]:  # a rule across arguments: its message already says what to give
+        return f"`{loc}`: {msg}. Fix: send the arguments as the message says."
+    got = repr(err.get("input"))
+    if len(got) > 80:
+        got = got[:77] + "..."
     fix = f"Fix: `{loc}` expects {what}." if what else "Fix: correct the value."
     return f"`{loc}`: {msg} (got {got}). {fix}"
 
