@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from moe_overlap.ep.layer import MoELayer
+from moe_overlap.ep.linear import split_linear
+from moe_overlap.ep.wgrad import WgradStore
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class CausalSelfAttention(nn.Module):
 
     Why not SDPA: the fused flash/efficient kernels accumulate dq with atomics on GPU, which breaks the
     bit-for-bit comparison between schedules; at these sizes the math path costs nothing.
+    The projections go through `split_linear` so their wgrad can be delayed with the experts'.
     """
 
     def __init__(self, hidden: int, num_heads: int) -> None:
@@ -66,15 +69,15 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
         self.proj = nn.Linear(hidden, hidden, bias=False)
 
-    def forward(self, x_BSD: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_BSD: torch.Tensor, wgrad_store: WgradStore | None = None) -> torch.Tensor:
         B, S, D = x_BSD.shape
         H = self.num_heads
-        q, k, v = self.qkv(x_BSD).view(B, S, 3, H, D // H).permute(2, 0, 3, 1, 4)  # each [B, H, S, Dh]
+        q, k, v = split_linear(x_BSD, self.qkv.weight, wgrad_store).view(B, S, 3, H, D // H).permute(2, 0, 3, 1, 4)  # each [B, H, S, Dh]
         scores_BHSS = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D // H))
         mask_SS = torch.ones(S, S, dtype=torch.bool, device=x_BSD.device).triu(1)
         probs_BHSS = scores_BHSS.masked_fill(mask_SS, float("-inf")).softmax(-1)
         out_BSD = (probs_BHSS @ v).transpose(1, 2).reshape(B, S, D)
-        return self.proj(out_BSD)
+        return split_linear(out_BSD, self.proj.weight, wgrad_store)
 
 
 class Block(nn.Module):
@@ -89,9 +92,9 @@ class Block(nn.Module):
         self.moe = MoELayer(cfg.hidden, cfg.ffn, cfg.num_experts, cfg.topk, group, score=cfg.router_score,
                             force_balance=cfg.force_balance)
 
-    def attention(self, x_BSD: torch.Tensor) -> torch.Tensor:
+    def attention(self, x_BSD: torch.Tensor, wgrad_store: WgradStore | None = None) -> torch.Tensor:
         """First half of the layer: x + attn(norm1(x)) -> residual stream h [B, S, D]."""
-        return x_BSD + self.attn(self.norm1(x_BSD))
+        return x_BSD + self.attn(self.norm1(x_BSD), wgrad_store)
 
 
 class MoETransformer(nn.Module):

@@ -93,7 +93,7 @@ class LayerRun:
         blk, moe = self.block, self.block.moe
         self.x_in = _leaf(x_BSD)
         with torch.enable_grad():
-            self.h_BSD = blk.attention(self.x_in)
+            self.h_BSD = blk.attention(self.x_in, self.ctx.store)
             z_TD = blk.norm2(self.h_BSD).flatten(0, 1)
             routing = route(z_TD, moe.router.weight, topk=moe.topk, score=moe.score, normalize=moe.normalize,
                             force_balance=moe.force_balance)
@@ -170,6 +170,7 @@ class LayerRun:
         self.handle = None
 
     def pre_backward(self) -> torch.Tensor:
+        """pre-dispatch backward: dgrad through router/norm/attention (attention wgrad deferred with a store)."""
         _backward([self.h_BSD, self.x_ND, self.probs_TK], [self.g_h_BSD, self.g_x_ND, self.g_probs_TK])
         g_x = self.x_in.grad
         del self.h_BSD, self.x_ND, self.probs_TK, self.g_h_BSD, self.g_x_ND, self.g_probs_TK, self.x_in

@@ -5,7 +5,7 @@ interleaved with the backward of micro-batch k, node by node (forward layer i pa
 layer L-1-i); then B(M-1) alone. Per layer pair, the order of ANCHORS.md section 3:
 
     comm    | combine_bwd(b)   | dispatch_fwd(f)  dispatch_bwd(b)            | combine_fwd(f)
-    compute | pre_dispatch(f)  | experts_dgrad(b) expert_wgrad(b) experts(f) | pre_dispatch_bwd(b)
+    compute | pre_dispatch(f)  | experts_dgrad(b) expert_wgrad(b) experts(f) | pre_dispatch_bwd(b) attn_wgrad(b)
 
 Every all-to-all is *started* before the compute it hides behind and *waited* after it. On CPU the
 wait blocks the host while gloo's thread moves the data; on CUDA `all_to_all_async` issues the
@@ -17,7 +17,8 @@ waits for them.
 
 Why the result is bitwise the sequential one: each node runs the same ops on the same inputs in
 both schedules, and every parameter receives its gradient contributions in micro-batch order
-(backwards run 0, 1, 2, ...; the WgradStore is FIFO and drained inside the same backward).
+(backwards run 0, 1, 2, ...; the WgradStore is FIFO and drained inside the same layer's backward:
+expert wgrad under the backward dispatch, attention wgrad right after the pre-dispatch backward).
 """
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ def layer_backward(run: LayerRun, g_BSD, store: WgradStore | None):
     run.combine_backward_wait()
     run.experts_backward()
     run.dispatch_backward_start()
-    _drain(store)
+    _drain(store)  # expert wgrad under the backward dispatch
     run.dispatch_backward_wait()
-    return run.pre_backward()
+    g_BSD = run.pre_backward()
+    _drain(store)  # attention wgrad (nothing left in flight to hide it behind when running alone)
+    return g_BSD
 
 
 def forward_micro_batch(mb: MicroBatchRun) -> None:
@@ -84,7 +87,8 @@ def layer_pair(f: LayerRun, b: LayerRun, x_BSD, g_BSD, store: WgradStore | None)
     f.experts_forward()  # compute: still under the backward dispatch
     f.combine_forward_start()  # comm: combine a2a
     b.dispatch_backward_wait()
-    g_BSD = b.pre_backward()  # compute: attention/router backward under the forward combine
+    g_BSD = b.pre_backward()  # compute: attention/router dgrad under the forward combine
+    _drain(store)  # compute: attention wgrad, still under the forward combine
     x_BSD = f.combine_forward_wait()
     return x_BSD, g_BSD
 

@@ -155,7 +155,9 @@ def _expected_overlapped_step(num_layers: int) -> list[tuple[str, int, int]]:
                 ("dispatch_forward_start", *f), ("experts_backward", *b), ("dispatch_backward_start", *b),
                 ("wgrad", 1, -1),  # b's one expert-wgrad closure, under b's backward dispatch
                 ("dispatch_forward_wait", *f), ("experts_forward", *f), ("combine_forward_start", *f),
-                ("dispatch_backward_wait", *b), ("pre_backward", *b), ("combine_forward_wait", *f)]
+                ("dispatch_backward_wait", *b), ("pre_backward", *b),
+                ("wgrad", 2, -1),  # b's attention qkv and proj wgrad, under f's forward combine
+                ("combine_forward_wait", *f)]
     return out
 
 
