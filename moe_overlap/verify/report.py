@@ -66,6 +66,8 @@ def render_markdown(report: VerificationReport) -> str:
                      f"{tps[len(tps) // 2]:.0f} |" if r.steps else
                      f"| {r.mode} | {r.schedule} | {r.overlap_moe_expert_parallel_comm} | {r.delay_wgrad_compute} | "
                      f"{r.status} | 0 | - | - | - |")
+    for r in report.runs:
+        lines += [f"- {r.mode}: {n}" for n in r.notes]
     if report.failure:
         f = report.failure
         lines += ["", f"## Failure: {f.kind}" + (f" (rank {f.rank})" if f.rank is not None else ""), "", f.message]

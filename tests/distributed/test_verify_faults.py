@@ -59,6 +59,9 @@ def test_crash_reports_rank_traceback(tmp_path, monkeypatch):
     # The modes interleave step by step: both ran step 0, the baseline also step 1, then rank 1 raised.
     assert len(runs["baseline"].steps) == 2 and len(runs["overlap"].steps) == 1
     assert runs["overlap"].status == "incomplete"
+    # the traceback also lands in rank 1's overlap training log, where the log check finds it
+    problems = _crit(report, "completes-cleanly").evidence["log_checks"]["overlap"]["problems"]
+    assert any("rank1.log" in p and "traceback" in p.lower() for p in problems), problems
 
 
 def test_hang_is_detected_with_stacks(tmp_path, monkeypatch):
