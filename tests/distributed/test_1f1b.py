@@ -58,7 +58,26 @@ def _body(rank, world, group, cfg_kwargs, extras):
         out["single_ref"] = _train(cfg, group, rank, "none", False, 1, steps=2)
         out["trace"] = _trace_1f1b(cfg, group, rank)
         out["autograd"] = {ls: _autograd_grads(cfg, group, rank, ls) for ls in ("none", "chunked")}
+        out["init_mismatch"] = _init_mismatch(cfg, group, rank, world)
     return out
+
+
+def _init_mismatch(cfg, group, rank, world):
+    """Names of parameters whose EP-`world` init is not the EP-1 init (or its expert slice)."""
+    import torch.distributed as dist
+
+    from moe_overlap.ep.model import MoETransformer
+
+    solo = [dist.new_group([r]) for r in range(world)][rank]  # every rank creates every group
+    full = dict(MoETransformer(cfg, solo).named_parameters())
+    bad = []
+    for name, p in MoETransformer(cfg, group).named_parameters():
+        want = full[name]
+        if "experts" in name:
+            want = want[rank * p.shape[0]:(rank + 1) * p.shape[0]]
+        if not torch.equal(p, want):
+            bad.append(name)
+    return bad
 
 
 def _autograd_grads(cfg, group, rank, layer_schedule):
@@ -135,6 +154,7 @@ def test_1f1b_bitwise_equals_sequential(world):
             _assert_bitwise(res["single_ref"], res["single"], f"rank {rank} 1f1b with one micro-batch")
             assert any("single-micro-batch" in n for n in res["single"]["notes"])
             _check_trace(res["trace"], cfg["num_layers"])
+            assert res["init_mismatch"] == [], "init must not depend on the EP size"
             for layer_schedule, other in res["autograd"].items():  # the node path computes the right thing
                 assert other["losses"] == pytest.approx(ref["losses"][0], rel=1e-6), layer_schedule
                 for name, g in ref["grads"].items():
