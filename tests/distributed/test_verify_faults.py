@@ -24,6 +24,10 @@ from tests.distributed._verify_util import (
 pytestmark = pytest.mark.slow
 
 
+_LONG_RUN = [sys.executable, "-m", "moe_overlap.cli", "verify", "--steps", "50", "--micro-batches", "2",
+             "--modes", "baseline,overlap"]
+
+
 def re_line(path_part, func_part, text):
     """A faulthandler frame line `File ".../<path_part>", line N in <func>` is present."""
     return any(path_part in line and func_part in line for line in text.splitlines())
@@ -90,7 +94,8 @@ def test_cancel_kills_every_rank(tmp_path, monkeypatch):
         if ev["event"] == "step":
             cancel.set()
 
-    report = run_verification(VerifyOptions(steps=50, micro_batches=2, out=tmp_path), progress=progress, cancel=cancel)
+    options = VerifyOptions(steps=50, micro_batches=2, modes=["baseline", "overlap"], out=tmp_path)
+    report = run_verification(options, progress=progress, cancel=cancel)
     assert report.verdict == "cancelled"
     assert_report_valid(tmp_path)
     assert_no_orphans(token, report)
@@ -98,8 +103,8 @@ def test_cancel_kills_every_rank(tmp_path, monkeypatch):
 
 def test_ctrl_c_through_the_cli(tmp_path, monkeypatch):
     token = new_token(monkeypatch)
-    proc = subprocess.Popen([sys.executable, "-m", "moe_overlap.cli", "verify", "--steps", "50", "--out",
-                             str(tmp_path)], stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    proc = subprocess.Popen(_LONG_RUN + ["--out", str(tmp_path)], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
     try:
         for line in proc.stderr:  # wait for the first step: the ranks are up and training
             if " step " in line:
@@ -119,8 +124,8 @@ def test_ctrl_c_through_the_cli(tmp_path, monkeypatch):
 def test_launcher_killed_leaves_no_rank(tmp_path, monkeypatch):
     """Even a SIGKILLed launcher (no finally runs) leaves nothing behind: ranks watch their parent."""
     token = new_token(monkeypatch)
-    proc = subprocess.Popen([sys.executable, "-m", "moe_overlap.cli", "verify", "--steps", "50", "--out",
-                             str(tmp_path)], stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    proc = subprocess.Popen(_LONG_RUN + ["--out", str(tmp_path)], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
     try:
         for line in proc.stderr:
             if " step " in line:
