@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import fused
 from .all_to_all import all_to_all, all_to_all_sync, group_size
 from .router import Routing
 
@@ -78,10 +79,13 @@ def check_experts_divisible(num_experts: int, world: int) -> int:
 def plan_permute(experts_TK: torch.Tensor, num_experts: int) -> PermutePlan:
     num_tokens, topk = experts_TK.shape
     flat_N = experts_TK.reshape(-1)
-    perm_N = torch.sort(flat_N, stable=True).indices
+    sorted_N, perm_N = torch.sort(flat_N, stable=True)
     inv_perm_N = torch.empty_like(perm_N)
     inv_perm_N[perm_N] = torch.arange(perm_N.numel(), device=perm_N.device)
-    counts_E = torch.bincount(flat_N, minlength=num_experts)
+    # Counts from the sorted ids: torch.bincount on CUDA reads the max id back to the host (a hidden
+    # host sync); searchsorted over the sorted ids gives the same counts without one.
+    edges = torch.searchsorted(sorted_N, torch.arange(num_experts + 1, device=flat_N.device, dtype=flat_N.dtype))
+    counts_E = edges.diff()
     return PermutePlan(perm_N, inv_perm_N, perm_N // topk, counts_E, num_tokens, topk)
 
 
@@ -90,11 +94,15 @@ def permute_rows(x_TD: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
 
 
 def permute_rows_backward(g_ND: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
+    if fused.available(g_ND):  # gather + fp32 sum over K in one pass (no [T, K, D] intermediate)
+        return fused.weighted_gather_sum(g_ND, plan.inv_perm_N, None, plan.num_tokens, plan.topk)
     g_TKD = g_ND.index_select(0, plan.inv_perm_N).view(plan.num_tokens, plan.topk, g_ND.shape[1])
     return g_TKD.sum(1)
 
 
 def unpermute_rows(y_ND: torch.Tensor, probs_TK: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
+    if fused.available(y_ND):  # same fp32 math, one read of y and one write of out (fused.py)
+        return fused.weighted_gather_sum(y_ND, plan.inv_perm_N, probs_TK.float(), plan.num_tokens, plan.topk)
     y_TKD = y_ND.index_select(0, plan.inv_perm_N).view(plan.num_tokens, plan.topk, y_ND.shape[1])
     # Weighted sum in fp32 so bf16/fp16 results do not depend on K's rounding order.
     return (probs_TK.float().unsqueeze(-1) * y_TKD.float()).sum(1).to(y_ND.dtype)
@@ -102,6 +110,9 @@ def unpermute_rows(y_ND: torch.Tensor, probs_TK: torch.Tensor, plan: PermutePlan
 
 def unpermute_rows_backward(g_TD, y_ND, probs_TK, plan: PermutePlan):
     """Returns (g_ND, g_probs_TK) for ``unpermute_rows``."""
+    if fused.available(y_ND):
+        g_ND, g_probs = fused.weighted_gather_sum_backward(g_TD, y_ND, plan.inv_perm_N, probs_TK.float())
+        return g_ND, g_probs.to(probs_TK.dtype)
     y_TKD = y_ND.index_select(0, plan.inv_perm_N).view(plan.num_tokens, plan.topk, y_ND.shape[1]).float()
     g32_T1D = g_TD.float().unsqueeze(1)
     g_probs_TK = (g32_T1D * y_TKD).sum(-1).to(probs_TK.dtype)
@@ -132,6 +143,12 @@ def exchange_counts(counts_XE: torch.Tensor, num_experts: int, group):
 
 def make_dispatch_plan(pplan: PermutePlan, send_E: list[int], recv_RL: list[list[int]]) -> DispatchPlan:
     world, local = len(recv_RL), len(recv_RL[0])
+    device = pplan.perm_N.device
+    if world == 1:  # the sort is the identity (never applied, see _sort_is_identity): no host index work
+        ident = torch.arange(sum(recv_RL[0]), device=device)
+        return DispatchPlan(permute=pplan, send_splits=(sum(send_E),), recv_splits=(sum(recv_RL[0]),),
+                            recv_counts_RL=(tuple(recv_RL[0]),), tokens_per_local_expert=tuple(recv_RL[0]),
+                            sort_idx_S=ident, unsort_idx_S=ident)
     send_splits = tuple(sum(send_E[r * local:(r + 1) * local]) for r in range(world))
     recv_splits = tuple(sum(row) for row in recv_RL)
     per_expert = tuple(sum(recv_RL[s][j] for s in range(world)) for j in range(local))
@@ -146,20 +163,33 @@ def make_dispatch_plan(pplan: PermutePlan, send_E: list[int], recv_RL: list[list
     sort_idx = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
     unsort_idx = torch.empty_like(sort_idx)
     unsort_idx[sort_idx] = torch.arange(sort_idx.numel())
-    device = pplan.perm_N.device
     return DispatchPlan(
         permute=pplan, send_splits=send_splits, recv_splits=recv_splits,
         recv_counts_RL=tuple(tuple(r) for r in recv_RL), tokens_per_local_expert=per_expert,
-        sort_idx_S=sort_idx.to(device), unsort_idx_S=unsort_idx.to(device),
+        sort_idx_S=_to_device(sort_idx, device), unsort_idx_S=_to_device(unsort_idx, device),
     )
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host index -> device without a host sync: ``.to("cuda")`` from pageable memory synchronizes
+    the host with the stream; from pinned memory with ``non_blocking`` it does not."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _sort_is_identity(plan: DispatchPlan) -> bool:
+    """One source rank: (source, local expert) order already is (local expert, source) order."""
+    return len(plan.recv_splits) == 1
+
+
 def sort_rows(recv_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
-    return recv_SD.index_select(0, plan.sort_idx_S)
+    # The identity sort (EP 1) is skipped: a gather by arange would copy [S, D] for nothing.
+    return recv_SD if _sort_is_identity(plan) else recv_SD.index_select(0, plan.sort_idx_S)
 
 
 def unsort_rows(y_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
-    return y_SD.index_select(0, plan.unsort_idx_S)
+    return y_SD if _sort_is_identity(plan) else y_SD.index_select(0, plan.unsort_idx_S)
 
 
 # ---------------------------------------------------------------- autograd wrappers
@@ -210,10 +240,14 @@ def permute(x_TD: torch.Tensor, routing: Routing, num_experts: int) -> tuple[tor
 
 def sort_by_local_expert(recv_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
     """Autograd-aware step 4: (source, local expert) order -> (local expert, source) order."""
+    if _sort_is_identity(plan):
+        return recv_SD
     return _GatherPermFn.apply(recv_SD, plan.sort_idx_S, plan.unsort_idx_S)
 
 
 def unsort_by_local_expert(y_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
+    if _sort_is_identity(plan):
+        return y_SD
     return _GatherPermFn.apply(y_SD, plan.unsort_idx_S, plan.sort_idx_S)
 
 
@@ -226,14 +260,17 @@ def dispatch(x_TD: torch.Tensor, routing: Routing, *, num_experts: int, group):
     x_ND, pplan = permute(x_TD, routing, num_experts)
     (send_E,), (recv_RL,) = exchange_counts(pplan.tokens_per_expert_E.unsqueeze(0), num_experts, group)
     plan = make_dispatch_plan(pplan, send_E, recv_RL)
-    recv_SD = all_to_all(x_ND, plan.recv_splits, plan.send_splits, group)
-    recv_SD = sort_by_local_expert(recv_SD, plan)
+    # One rank: the all-to-all is the identity (skipped; its autograd wrapper would copy [N, D]).
+    if not _sort_is_identity(plan):
+        x_ND = all_to_all(x_ND, plan.recv_splits, plan.send_splits, group)
+    recv_SD = sort_by_local_expert(x_ND, plan)
     return recv_SD, plan.tokens_per_local_expert, DispatchHandle(plan, routing.probs_TK, group)
 
 
 def combine(y_SD: torch.Tensor, handle: DispatchHandle) -> torch.Tensor:
     """Inverse of :func:`dispatch`, weighting each expert output by its routing probability: [T, D]."""
     plan = handle.plan
-    y_recv = unsort_by_local_expert(y_SD, plan)
-    y_ND = all_to_all(y_recv, plan.send_splits, plan.recv_splits, handle.group)
+    y_ND = unsort_by_local_expert(y_SD, plan)
+    if not _sort_is_identity(plan):
+        y_ND = all_to_all(y_ND, plan.send_splits, plan.recv_splits, handle.group)
     return _UnpermuteFn.apply(y_ND, handle.probs_TK, plan.permute)

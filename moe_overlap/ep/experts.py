@@ -33,6 +33,7 @@ import itertools
 import torch
 from torch import nn
 
+from . import fused
 from .wgrad import WgradStore, accumulate_grad
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -53,9 +54,14 @@ def grouped_mm_supported(device_type: str, dtype: torch.dtype) -> bool:
         x = torch.randn(8, 16, generator=gen).to(device_type, dtype)
         w = torch.randn(3, 16, 16, generator=gen).to(device_type, dtype)
         offs = torch.tensor([3, 3, 8], dtype=torch.int32, device=device_type)
-        got = torch._grouped_mm(x, w, offs=offs)
-        want = torch.cat([x[:3] @ w[0], x[3:8] @ w[2]])
-        return bool(torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2))
+        # The three call forms the experts use: forward, dgrad (transposed weight), wgrad (x.T).
+        fwd = torch._grouped_mm(x, w, offs=offs)
+        dgrad = torch._grouped_mm(fwd, w.transpose(-2, -1), offs=offs)
+        wgrad = torch._grouped_mm(x.t(), fwd, offs=offs)
+        checks = [(fwd, torch.cat([x[:3] @ w[0], x[3:8] @ w[2]])),
+                  (dgrad, torch.cat([fwd[:3] @ w[0].t(), fwd[3:8] @ w[2].t()])),
+                  (wgrad, torch.stack([x[:3].t() @ fwd[:3], torch.zeros_like(w[1]), x[3:8].t() @ fwd[3:8]]))]
+        return all(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2) for got, want in checks)
     except (RuntimeError, TypeError, NotImplementedError):
         return False
 
@@ -79,14 +85,28 @@ def expert_path(x_SD: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> str:
     return "grouped_mm" if _aligned(x_SD, w1, w2) else "loop"
 
 
-def _offsets(counts, device) -> torch.Tensor:
-    return torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=device)
+def _offsets(counts, device: torch.device) -> torch.Tensor:
+    """Group end offsets (int32) for ``torch._grouped_mm``, built once per expert call.
+
+    ``torch.tensor(list, device="cuda")`` copies from pageable memory and then synchronizes the host
+    with the stream (a hidden host sync that drains the GPU queue); a pinned staging tensor and a
+    non-blocking copy keep the host ahead of the GPU. The pinned block is recycled by torch's caching
+    host allocator only after the copy has run.
+    """
+    ends = list(itertools.accumulate(counts))
+    if device.type != "cuda":
+        return torch.tensor(ends, dtype=torch.int32, device=device)
+    return torch.tensor(ends, dtype=torch.int32, pin_memory=True).to(device, non_blocking=True)
 
 
-def _gmm(x_MK, w_LKN, counts, path) -> torch.Tensor:
-    """Row-grouped x @ w[j] -> [M, N]."""
+def _offs_for(path, counts, device):
+    return _offsets(counts, device) if path == "grouped_mm" else None
+
+
+def _gmm(x_MK, w_LKN, counts, path, offs=None) -> torch.Tensor:
+    """Row-grouped x @ w[j] -> [M, N]. ``offs``: :func:`_offsets` of counts (built here when None)."""
     if path == "grouped_mm":
-        return torch._grouped_mm(x_MK, w_LKN, offs=_offsets(counts, x_MK.device))
+        return torch._grouped_mm(x_MK, w_LKN, offs=_offsets(counts, x_MK.device) if offs is None else offs)
     pieces, start = [], 0
     for j, c in enumerate(counts):
         if c:
@@ -97,10 +117,10 @@ def _gmm(x_MK, w_LKN, counts, path) -> torch.Tensor:
     return torch.cat(pieces)
 
 
-def _gmm_wgrad(x_MK, dy_MN, counts, path) -> torch.Tensor:
+def _gmm_wgrad(x_MK, dy_MN, counts, path, offs=None) -> torch.Tensor:
     """Per-group x.T @ dy -> [L, K, N]; zeros for empty groups."""
     if path == "grouped_mm":
-        return torch._grouped_mm(x_MK.t(), dy_MN, offs=_offsets(counts, x_MK.device))
+        return torch._grouped_mm(x_MK.t(), dy_MN, offs=_offsets(counts, x_MK.device) if offs is None else offs)
     out = x_MK.new_zeros((len(counts), x_MK.shape[1], dy_MN.shape[1]))
     start = 0
     for j, c in enumerate(counts):
@@ -111,18 +131,23 @@ def _gmm_wgrad(x_MK, dy_MN, counts, path) -> torch.Tensor:
 
 
 def _swiglu(h_S2F: torch.Tensor) -> torch.Tensor:
+    if fused.available(h_S2F):  # one pass instead of five (fp32 upcasts, silu, mul, downcast)
+        return fused.swiglu(h_S2F)
     ffn = h_S2F.shape[1] // 2
     gate, up = h_S2F[:, :ffn].float(), h_S2F[:, ffn:].float()
     return (torch.nn.functional.silu(gate) * up).to(h_S2F.dtype)
 
 
-def _swiglu_backward(h_S2F: torch.Tensor, da_SF: torch.Tensor) -> torch.Tensor:
+def _swiglu_backward(h_S2F: torch.Tensor, da_SF: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (dh [S, 2F], a [S, F]): the gradient and the recomputed activation for the w2 wgrad."""
+    if fused.available(h_S2F):
+        return fused.swiglu_backward(h_S2F, da_SF)
     ffn = h_S2F.shape[1] // 2
     gate, up, da = h_S2F[:, :ffn].float(), h_S2F[:, ffn:].float(), da_SF.float()
     sig = torch.sigmoid(gate)
     silu = gate * sig
     dgate = da * up * sig * (1.0 + gate * (1.0 - sig))
-    return torch.cat([dgate, da * silu], dim=1).to(h_S2F.dtype)
+    return torch.cat([dgate, da * silu], dim=1).to(h_S2F.dtype), _swiglu(h_S2F)
 
 
 def _check_inputs(x_SD, w1, w2, counts) -> None:
@@ -143,25 +168,27 @@ def experts_forward(x_SD, w1, w2, counts):
     _check_inputs(x_SD, w1, w2, counts)
     x_SD = x_SD.contiguous()
     path = expert_path(x_SD, w1, w2)
-    h = _gmm(x_SD, w1, counts, path)
-    return _gmm(_swiglu(h), w2, counts, path), h
+    offs = _offs_for(path, counts, x_SD.device)
+    h = _gmm(x_SD, w1, counts, path, offs)
+    return _gmm(_swiglu(h), w2, counts, path, offs), h
 
 
 def experts_dgrad(dy_SD, x_SD, h_S2F, w1, w2, counts):
     """Returns (dx_SD, wgrad_inputs); pass wgrad_inputs to :func:`experts_wgrad`."""
     dy_SD = dy_SD.contiguous()
     path = expert_path(x_SD, w1, w2)
-    da = _gmm(dy_SD, w2.transpose(-2, -1), counts, path)
-    dh = _swiglu_backward(h_S2F, da)
-    dx = _gmm(dh, w1.transpose(-2, -1), counts, path)
-    return dx, (x_SD, _swiglu(h_S2F), dh, dy_SD)
+    offs = _offs_for(path, counts, x_SD.device)
+    da = _gmm(dy_SD, w2.transpose(-2, -1), counts, path, offs)
+    dh, a = _swiglu_backward(h_S2F, da)
+    dx = _gmm(dh, w1.transpose(-2, -1), counts, path, offs)
+    return dx, (x_SD, a, dh, dy_SD, offs)
 
 
 def experts_wgrad(wgrad_inputs, w1, w2, counts):
     """Returns (dw1 [L, D, 2F], dw2 [L, F, D])."""
-    x_SD, a_SF, dh, dy = wgrad_inputs
+    x_SD, a_SF, dh, dy, offs = wgrad_inputs
     path = expert_path(x_SD, w1, w2)
-    return _gmm_wgrad(x_SD, dh, counts, path), _gmm_wgrad(a_SF, dy, counts, path)
+    return _gmm_wgrad(x_SD, dh, counts, path, offs), _gmm_wgrad(a_SF, dy, counts, path, offs)
 
 
 def defer_or_return_wgrad(wgrad_inputs, w1, w2, counts, store: WgradStore | None):
@@ -203,6 +230,9 @@ class GroupedExperts(nn.Module):
         check_dtype(dtype)
         self.w1 = nn.Parameter(torch.empty(num_local_experts, hidden, 2 * ffn, dtype=dtype, device=device))
         self.w2 = nn.Parameter(torch.empty(num_local_experts, ffn, hidden, dtype=dtype, device=device))
+        # N(0, 1/fan_in) with the default generator; MoELayer overwrites it from its seed.
+        nn.init.normal_(self.w1, std=hidden ** -0.5)
+        nn.init.normal_(self.w2, std=ffn ** -0.5)
 
     def forward(self, x_SD: torch.Tensor, tokens_per_expert, wgrad_store: WgradStore | None = None):
         """x_SD grouped by local expert (tuple of host ints ``tokens_per_expert``) -> y_SD, same dtype."""

@@ -1,0 +1,54 @@
+"""Fused Triton kernels (ep/fused.py) vs the torch path they replace, on CUDA, bf16.
+
+The kernels do the same fp32 arithmetic; only a sum's order may differ, so outputs agree within
+one bf16 rounding (a product of two values, rounded once, must agree bitwise).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@cuda
+@pytest.mark.parametrize("rows,ffn", [(1, 8), (37, 24), (4096, 768)])
+def test_swiglu_matches_torch(rows, ffn, monkeypatch):
+    from moe_overlap.ep import experts
+
+    h = torch.randn(rows, 2 * ffn, device="cuda", dtype=torch.bfloat16)
+    da = torch.randn(rows, ffn, device="cuda", dtype=torch.bfloat16)
+    a, (dh, a2) = experts._swiglu(h), experts._swiglu_backward(h, da)
+    monkeypatch.setenv("MOE_OVERLAP_FUSED", "0")
+    ra, (rdh, ra2) = experts._swiglu(h), experts._swiglu_backward(h, da)
+    assert torch.equal(a, a2), "forward and backward must recompute the same activation"
+    for got, want in ((a, ra), (dh, rdh), (a2, ra2)):
+        assert _rel(got, want) < 4e-3
+        assert ((got.float() - want.float()).abs() <= 2 ** -7 * want.float().abs() + 1e-6).all()
+
+
+@cuda
+@pytest.mark.parametrize("tokens,topk,experts_n,dim", [(3, 1, 2, 8), (257, 8, 16, 2048), (64, 6, 32, 7168)])
+def test_unpermute_matches_torch(tokens, topk, experts_n, dim, monkeypatch):
+    from moe_overlap.ep import dispatcher as dp
+
+    gen = torch.Generator().manual_seed(tokens)
+    ex = torch.stack([torch.randperm(experts_n, generator=gen)[:topk] for _ in range(tokens)]).cuda()
+    plan = dp.plan_permute(ex, experts_n)
+    assert plan.tokens_per_expert_E.tolist() == torch.bincount(ex.flatten(), minlength=experts_n).tolist()
+    y = torch.randn(tokens * topk, dim, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(tokens, dim, device="cuda", dtype=torch.bfloat16)
+    p = torch.rand(tokens, topk, device="cuda")
+    got = (dp.unpermute_rows(y, p, plan), *dp.unpermute_rows_backward(g, y, p, plan), dp.permute_rows_backward(y, plan))
+    monkeypatch.setenv("MOE_OVERLAP_FUSED", "0")
+    want = (dp.unpermute_rows(y, p, plan), *dp.unpermute_rows_backward(g, y, p, plan), dp.permute_rows_backward(y, plan))
+    assert torch.equal(got[1], want[1]), "g_ND is one product rounded once: bitwise"
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert _rel(a, b) < 4e-3
