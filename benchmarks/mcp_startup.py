@@ -8,8 +8,11 @@ What a client waits for when it starts the server. Each repeat launches a fresh
 arrives on stdout, then sends `tools/list` (what clients ask next) and stops a second clock (both from
 the launch). Two references, launched the same way and interleaved with the server so machine
 noise hits all alike: `python -c pass` (interpreter start) and `python -c "import mcp.server.mcpserver"`
-(the MCP SDK import every Python MCP server pays). The machine is shared: the load average before and
-after is recorded; read the minimum as the unloaded cost and the median as the typical one.
+(the MCP SDK import every Python MCP server pays).
+
+Wall time depends on what else runs: the CPU time (user + system) of the process up to the answer is
+recorded too. Start-up is one thread, so on an idle machine its wall time is about its CPU time; on a
+shared one (load average recorded before and after) the CPU time is the figure to compare.
 """
 
 from __future__ import annotations
@@ -36,15 +39,22 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
-def time_server() -> tuple[float, float]:
-    """Seconds from spawn to the initialize response, and to the first tools/list response."""
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds a live process has used so far (/proc, clock-tick resolution)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_server() -> dict[str, float]:
+    """Wall and CPU seconds from spawn to the initialize response, and to the first tools/list response."""
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "moe_overlap.server"], cwd=ROOT, env=_env(),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     proc.stdin.write((json.dumps(INIT) + "\n").encode())
     proc.stdin.flush()
     line = proc.stdout.readline()
-    t_init = time.perf_counter() - t0
+    t_init, cpu_init = time.perf_counter() - t0, _cpu_s(proc.pid)
     reply = json.loads(line)
     if reply.get("id") != 1 or "result" not in reply:
         raise RuntimeError(f"unexpected first line: {line[:200]!r}")
@@ -53,18 +63,23 @@ def time_server() -> tuple[float, float]:
         proc.stdin.write((json.dumps(message) + "\n").encode())
     proc.stdin.flush()
     tools = json.loads(proc.stdout.readline())
-    t_tools = time.perf_counter() - t0
+    t_tools, cpu_tools = time.perf_counter() - t0, _cpu_s(proc.pid)
     if tools.get("id") != 2 or len(tools["result"]["tools"]) != 10:
         raise RuntimeError(f"unexpected tools/list answer: {str(tools)[:200]}")
     proc.stdin.close()  # the client goes away: the server exits
     proc.wait(30)
-    return t_init, t_tools
+    return {"init": t_init, "init_cpu": cpu_init, "tools": t_tools, "tools_cpu": cpu_tools}
 
 
-def time_command(code: str) -> float:
+def time_command(code: str) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of `python -c code`."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), check=True)
-    return time.perf_counter() - t0
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env())
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"python -c {code!r} failed")
+    return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime
 
 
 def _versions() -> dict[str, str]:
@@ -91,25 +106,35 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mcp_startup.json"))
     args = ap.parse_args()
 
-    rows = {"interpreter (python -c pass)": [], "MCP SDK import": [], "moe-overlap-mcp initialize": [],
-            "moe-overlap-mcp first tools/list": []}
+    names = ("interpreter (python -c pass)", "MCP SDK import", "moe-overlap-mcp initialize",
+             "moe-overlap-mcp first tools/list")
+    wall: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     load_before = os.getloadavg()
     time_server()  # warm the page cache and __pycache__ once, untimed
     for _ in range(args.repeats):
-        rows["interpreter (python -c pass)"].append(time_command("pass"))
-        rows["MCP SDK import"].append(time_command("import mcp.server.mcpserver"))
-        t_init, t_tools = time_server()
-        rows["moe-overlap-mcp initialize"].append(t_init)
-        rows["moe-overlap-mcp first tools/list"].append(t_tools)
+        for name, code in ((names[0], "pass"), (names[1], "import mcp.server.mcpserver")):
+            w, c = time_command(code)
+            wall[name].append(w)
+            cpu[name].append(c)
+        got = time_server()
+        wall[names[2]].append(got["init"])
+        cpu[names[2]].append(got["init_cpu"])
+        wall[names[3]].append(got["tools"])
+        cpu[names[3]].append(got["tools_cpu"])
     load_after = os.getloadavg()
 
     table = []
-    print(f"{'what':34} {'min s':>7} {'median s':>9} {'max s':>7}")
-    for name, samples in rows.items():
-        row = {"what": name, "min_s": round(min(samples), 3), "median_s": round(statistics.median(samples), 3),
-               "max_s": round(max(samples), 3), "samples_s": [round(s, 3) for s in samples]}
+    print(f"{'what':34} {'wall min':>8} {'wall med':>8} {'wall max':>8} {'cpu med':>8}  (seconds)")
+    for name in names:
+        w, c = wall[name], cpu[name]
+        row = {"what": name, "wall_min_s": round(min(w), 3), "wall_median_s": round(statistics.median(w), 3),
+               "wall_max_s": round(max(w), 3), "cpu_median_s": round(statistics.median(c), 3),
+               "cpu_min_s": round(min(c), 3), "wall_samples_s": [round(x, 3) for x in w],
+               "cpu_samples_s": [round(x, 3) for x in c]}
         table.append(row)
-        print(f"{name:34} {row['min_s']:7.3f} {row['median_s']:9.3f} {row['max_s']:7.3f}")
+        print(f"{name:34} {row['wall_min_s']:8.3f} {row['wall_median_s']:8.3f} {row['wall_max_s']:8.3f} "
+              f"{row['cpu_median_s']:8.3f}")
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs")
 
     result = {
