@@ -2,8 +2,8 @@
 
   1 config-validation  the validator accepts the dispatcher and overlap parameters
   2 completes-cleanly  every rank finished every step: no hang, no crash, no assertion error in any log
-  3 throughput         tokens/s of each overlap mode over the baseline, with a noise band measured from the
-                       repeated steps; `regressed` only when the ratio falls below the band
+  3 throughput         tokens/s of each overlap mode over the baseline from paired (interleaved) steps, with a
+                       noise band measured from the repeated steps; `regressed` only below the band
   4 loss-trajectory    per-step max absolute / relative difference to the baseline, and whether it is bitwise equal
 """
 
@@ -23,27 +23,33 @@ MIN_BAND = 0.01  # a ratio within 1% is never called a change, whatever the meas
 WARMUP_STEPS = 1
 
 
-def _robust_cv(xs: list[float]) -> float:
-    """Coefficient of variation from the median absolute deviation (step times have heavy tails)."""
+def _robust_sd(xs: list[float]) -> float:
+    """Standard deviation from the median absolute deviation (step times have heavy tails)."""
     med = statistics.median(xs)
-    mad = statistics.median(abs(x - med) for x in xs)
-    return 1.4826 * mad / med if med > 0 else 0.0
+    return 1.4826 * statistics.median(abs(x - med) for x in xs)
 
 
 def throughput_comparison(base: ModeRun, other: ModeRun) -> dict[str, Any]:
-    """Median tokens/s ratio other/baseline and its noise band (2 standard errors of the ratio)."""
-    b = [s.step_time_s for s in base.steps[WARMUP_STEPS:]]
-    o = [s.step_time_s for s in other.steps[WARMUP_STEPS:]]
-    if len(b) < 2 or len(o) < 2:
-        return {"mode": other.mode, "status": "insufficient-data", "steps_baseline": len(b), "steps_mode": len(o)}
-    ratio = statistics.median(b) / statistics.median(o)  # tokens/s ratio = inverse step-time ratio
-    band = max(MIN_BAND, 2.0 * math.sqrt(_robust_cv(b) ** 2 / len(b) + _robust_cv(o) ** 2 / len(o)))
-    status = "improved" if ratio > 1 + band else "regressed" if ratio < 1 - band else "neutral"
+    """Tokens/s ratio other/baseline from paired steps, and its noise band.
+
+    The modes run interleaved (step i of every mode back to back), so step i's time ratio is a paired
+    sample: machine drift cancels within a pair. ratio = exp(median(log r_i)); the band is 2 standard
+    errors of that median (1.2533 x sd / sqrt(n) for a median), never below MIN_BAND.
+    """
+    n = min(len(base.steps), len(other.steps))
+    pairs = [(base.steps[i].step_time_s, other.steps[i].step_time_s) for i in range(WARMUP_STEPS, n)]
+    logs = [math.log(b / o) for b, o in pairs if b > 0 and o > 0]
+    if len(logs) < 2:
+        return {"mode": other.mode, "status": "insufficient-data", "steps_compared": len(logs)}
+    ratio = math.exp(statistics.median(logs))  # tokens/s ratio = inverse step-time ratio
+    band = max(MIN_BAND, math.expm1(2.0 * 1.2533 * _robust_sd(logs) / math.sqrt(len(logs))))
+    status = "improved" if ratio > 1 + band else "regressed" if ratio < 1 / (1 + band) else "neutral"
+    med = statistics.median
     return {"mode": other.mode, "status": status, "ratio": round(ratio, 4), "noise_band": round(band, 4),
-            "baseline_median_step_s": statistics.median(b), "mode_median_step_s": statistics.median(o),
-            "baseline_tokens_per_s": round(statistics.median(s.tokens_per_s for s in base.steps[WARMUP_STEPS:]), 1),
-            "mode_tokens_per_s": round(statistics.median(s.tokens_per_s for s in other.steps[WARMUP_STEPS:]), 1),
-            "steps_compared": min(len(b), len(o)), "warmup_steps_excluded": WARMUP_STEPS}
+            "baseline_median_step_s": med(b for b, _ in pairs), "mode_median_step_s": med(o for _, o in pairs),
+            "baseline_tokens_per_s": round(med(s.tokens_per_s for s in base.steps[WARMUP_STEPS:n]), 1),
+            "mode_tokens_per_s": round(med(s.tokens_per_s for s in other.steps[WARMUP_STEPS:n]), 1),
+            "steps_compared": len(logs), "warmup_steps_excluded": WARMUP_STEPS, "method": "paired median"}
 
 
 def loss_comparison(base: ModeRun, other: ModeRun, rtol: float) -> dict[str, Any]:
