@@ -160,9 +160,9 @@ def bench_body(rank, world, group, shape, device_type, dtype_name, rounds, chunk
                 parts[name].append(t)
     # the slowest rank decides each round's time
     def worst(values):
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=device)  # NCCL reduces device tensors only
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        return statistics.median(t.tolist()) * 1e3
+        return statistics.median(t.cpu().tolist()) * 1e3
 
     table = {k: {"fwd_ms": worst(fwd[k]), "bwd_ms": worst(bwd[k]), "fwd_blocked_in_a2a_ms": worst(fwd_wait[k]),
                  "bwd_blocked_in_a2a_ms": worst(bwd_wait[k])} for k in fwd}
