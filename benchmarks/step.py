@@ -150,8 +150,19 @@ def _single_rank(preset, rounds, chunks, dtype):
         dist.destroy_process_group()
 
 
+def markdown_table(result: dict) -> str:
+    """The docs/benchmarks.md table for one results JSON."""
+    lines = ["| EP ranks | mode | median ms | min ms | median / none | median / plain | peak MiB |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['world']} | {r['mode']} | {r['step_ms_median']:.1f} | {r['step_ms_min']:.1f} | "
+                     f"{r['vs_none']:.3f} | {r['vs_plain']:.3f} | {r['peak_memory_bytes'] / 2**20:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--markdown", type=Path, default=None, help="print the table of a results JSON and exit")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--world", type=int, nargs="+", default=[2, 4], help="EP sizes (CPU); CUDA runs EP 1")
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None, help="model/batch size (default: device)")
@@ -160,6 +171,9 @@ def main() -> int:
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
+    if a.markdown:
+        print(markdown_table(json.loads(a.markdown.read_text())))
+        return 0
     if a.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no CUDA device here; run it on the GPU machine", file=sys.stderr)
         return 2
