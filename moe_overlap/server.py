@@ -18,7 +18,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from mcp.server.mcpserver import MCPServer
@@ -45,7 +45,7 @@ LOOPBACK_NAMES = ("localhost",)
 
 @dataclass
 class ServerOptions:
-    allowed_dirs: list[str] = field(default_factory=lambda: [os.getcwd()])
+    allowed_dirs: list[str] | None = None  # None: the current folder (see AllowedRoots.default)
     runs_dir: str | None = None  # verification output folders; default: a fresh temp folder
     max_running_jobs: int = 1
     log_level: str = "WARNING"
@@ -54,7 +54,7 @@ class ServerOptions:
 def build_server(options: ServerOptions | None = None) -> MCPServer:
     """The configured server (no transport started): used by main() and by in-process tests."""
     options = options or ServerOptions()
-    roots = AllowedRoots.from_paths(options.allowed_dirs)
+    roots = AllowedRoots.from_paths(options.allowed_dirs) if options.allowed_dirs else AllowedRoots.default()
     runs_dir = Path(options.runs_dir) if options.runs_dir else None  # None: a temp folder on first use
     jobs = JobManager(max_running=options.max_running_jobs)
 
@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                     help="extra Host header name accepted over HTTP (DNS-rebinding protection)")
     ap.add_argument("--allowed-dir", action="append", default=None, metavar="DIR",
-                    help="folder tools may read config and log files from (repeatable; default: the current folder)")
+                    help="folder tools may read config and log files from (repeatable; default: the current "
+                         "folder, unless it is / or your home folder)")
     ap.add_argument("--runs-dir", default=None, help="where verification runs write (default: a temp folder)")
     ap.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                     help="server log level (logs go to stderr)")
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
               "authentication; pass --allow-remote to bind it anyway.", file=sys.stderr)
         return 2
     try:
-        server = build_server(ServerOptions(allowed_dirs=args.allowed_dir or [os.getcwd()], runs_dir=args.runs_dir,
+        server = build_server(ServerOptions(allowed_dirs=args.allowed_dir, runs_dir=args.runs_dir,
                                             log_level=args.log_level))
     except (ValueError, FileNotFoundError) as exc:
         print(f"moe-overlap-mcp: {exc}", file=sys.stderr)

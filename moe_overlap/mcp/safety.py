@@ -42,12 +42,19 @@ class AllowedRoots:
             if not path.is_dir():
                 raise ValueError(f"allowed folder {str(p)!r} is not a directory")
             resolved.append(path)
-        if not resolved:
-            raise ValueError("at least one allowed folder is needed")
         return cls(tuple(resolved))
 
+    @classmethod
+    def default(cls) -> AllowedRoots:
+        """The current folder, unless it is a filesystem root or the home folder (what a desktop client
+        launching the server from `/` would otherwise expose): then none, and path arguments are refused."""
+        cwd = Path.cwd().resolve()
+        if cwd == Path(cwd.anchor) or cwd == Path.home().resolve():
+            return cls(())
+        return cls((cwd,))
+
     def describe(self) -> str:
-        return ", ".join(str(r) for r in self.roots)
+        return ", ".join(str(r) for r in self.roots) or "none (start the server with --allowed-dir DIR)"
 
     def resolve_file(self, raw: str, *, field: str) -> Path:
         """The real path of an existing regular file inside an allowed folder, or a ToolError naming `field`.
@@ -56,6 +63,9 @@ class AllowedRoots:
         (even when they would land inside), then the fully resolved path (symlinks followed) must still
         lie inside an allowed folder, so a symlink pointing outside is refused too.
         """
+        if not self.roots:
+            raise ToolError(f"`{field}`: this server has no allowed folder, so it reads no files. Fix: pass the "
+                            "content inline, or restart the server with --allowed-dir DIR.")
         if not raw or len(raw) > MAX_PATH_CHARS or "\x00" in raw:
             raise ToolError(f"`{field}`: not a usable path. Fix: give a file path under {self.describe()}.")
         candidate = Path(raw).expanduser()

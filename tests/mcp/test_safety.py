@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from mcp.server.mcpserver.exceptions import ToolError
@@ -79,3 +80,14 @@ def test_non_loopback_bind_needs_allow_remote(capsys):
     assert main(["--transport", "streamable-http", "--host", "0.0.0.0", "--port", "1"]) == 2
     err = capsys.readouterr()
     assert "--allow-remote" in err.err and err.out == ""
+
+
+def test_default_root_is_cwd_but_never_root_or_home(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert AllowedRoots.default().roots == (tmp_path.resolve(),)
+    for folder in ("/", str(Path.home())):
+        monkeypatch.chdir(folder)
+        none = AllowedRoots.default()
+        assert none.roots == ()
+        with pytest.raises(ToolError, match="no allowed folder"):
+            none.resolve_file("etc/passwd", field="path")
