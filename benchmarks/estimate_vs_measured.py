@@ -108,9 +108,24 @@ def analyse(per_rank: list[dict], chunks: int, stat: str) -> dict:
     return {"statistic": stat, "calibration": cal.model_dump(), "shapes": rows}
 
 
+def analyse_runs(runs: list[list[dict]], chunks: int) -> dict:
+    """Pooled analyses (all rounds of all runs) and each run's own errors."""
+    pooled = [{"sizes": runs[0][k]["sizes"], "rounds": [rd for run in runs for rd in run[k]["rounds"]]}
+              for k in range(len(runs[0]))]
+    per_run = []
+    for run in runs:
+        errs = {}
+        for st in ("median", "min"):
+            a = analyse(run, chunks, st)
+            errs[st] = [{"none": r["none"]["error"], "chunked": r["chunked"]["error"]} for r in a["shapes"]]
+        per_run.append(errs)
+    return {"analyses": [analyse(pooled, chunks, st) for st in ("median", "min")], "per_run_errors": per_run}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=11, help="interleaved rounds per run")
+    ap.add_argument("--runs", type=int, default=3, help="separate runs (fresh ranks); rounds are pooled")
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/estimate_vs_measured.json")
     ap.add_argument("--reanalyse", type=Path, help="recompute the tables from a result JSON's raw times")
@@ -118,12 +133,15 @@ def main() -> int:
 
     if args.reanalyse:
         result = json.loads(args.reanalyse.read_text())
-        result["analyses"] = [analyse(result["raw"], result["setup"]["chunks"], st) for st in ("median", "min")]
+        result.update(analyse_runs(result["raw_runs"], result["setup"]["chunks"]))
         print(table(result))
         return 0
     load_before = os.getloadavg()
     t0 = time.time()
-    per_rank = run_ranks(_rank, SHAPES, args.chunks, args.rounds, world=2, backend="gloo", timeout_s=1800)
+    runs = []
+    for r in range(args.runs):
+        runs.append(run_ranks(_rank, SHAPES, args.chunks, args.rounds, world=2, backend="gloo", timeout_s=1800))
+        print(f"run {r + 1}/{args.runs} done, load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
     result = {
         "command": "python benchmarks/estimate_vs_measured.py " + " ".join(sys.argv[1:]),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -131,12 +149,13 @@ def main() -> int:
                     "load_avg_after": os.getloadavg(), "note": "CPU cores shared with other jobs"},
         "versions": _versions(),
         "setup": {"world": 2, "backend": "gloo", "threads_per_rank": 1, "precision": "fp32", "rounds": args.rounds,
-                  "chunks": args.chunks, "routing": "balanced (force_balance)", "statistic":
-                  "median over interleaved rounds of the slowest rank (primary); min over rounds (secondary)",
+                  "chunks": args.chunks, "routing": "balanced (force_balance)",
+                  "runs": args.runs, "statistic": "median over the pooled interleaved rounds of all runs, slowest "
+                  "rank per round (primary); min over rounds (secondary); per-run errors show the spread",
                   "goal_abs_error": GOAL},
         "wall_s": time.time() - t0,
-        "analyses": [analyse(per_rank, args.chunks, st) for st in ("median", "min")],
-        "raw": per_rank,
+        **analyse_runs(runs, args.chunks),
+        "raw_runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -167,6 +186,19 @@ def table(result: dict) -> str:
         within = sum(abs(r["none"]["error"]) <= GOAL for r in a["shapes"])
         within_c = sum(abs(r["chunked"]["error"]) <= GOAL for r in a["shapes"])
         out.append(f"\nwithin {GOAL:.0%}: none {within}/{k}, chunked {within_c}/{k}")
+        runs = result.get("per_run_errors", [])
+        if runs:
+            st = a["statistic"]
+            out += ["", f"each run alone ({st}): error none / chunked per shape", "",
+                    "| shape | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " |",
+                    "|---|" + "---|" * len(runs)]
+            for j, r in enumerate(a["shapes"]):
+                cells = [f"{run[st][j]['none']:+.0%} / {run[st][j]['chunked']:+.0%}" for run in runs]
+                out.append(f"| {r['tokens']}x{r['hidden']}x{r['moe_ffn']} E{r['experts']} K{r['topk']} | "
+                           + " | ".join(cells) + " |")
+            for sched in ("none", "chunked"):
+                counts = [sum(abs(x[sched]) <= GOAL for x in run[st]) for run in runs]
+                out.append(f"\n{sched} within {GOAL:.0%} per run: " + ", ".join(f"{c}/{k}" for c in counts))
     return "\n".join(out)
 
 

@@ -36,7 +36,8 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # for tokens only). Chosen apart from the benchmark's shapes: the fit is checked on shapes it never saw.
 LOCAL_SHAPES = [(64, 64, 64, 4, 1), (256, 128, 128, 4, 2), (512, 512, 64, 4, 2), (256, 256, 512, 4, 2),
                 (1024, 128, 256, 8, 1), (128, 512, 256, 4, 4), (64, 256, 512, 16, 1), (128, 512, 256, 8, 1)]
-A2A_BYTES = [64, 256 * 1024, 1024 * 1024, 4 * 1024 * 1024]
+A2A_BYTES = [64, 1024 * 1024, 4 * 1024 * 1024, 16 * 1024 * 1024]
+REPS = 5  # short probes (dense, gather, all-to-all) run this many times per round, averaged
 
 
 class CalibrationFailed(RuntimeError):
@@ -72,15 +73,16 @@ def make_probes(rank: int, world: int, precision: str, device_name: str, scale: 
         probes[f"local_{i}"] = run
 
     a = torch.randn(sizes["mm_n"], sizes["mm_n"], dtype=dtype, device=device)
-    probes["dense"] = lambda: a @ a
+    probes["dense"] = _repeat(lambda: a @ a, REPS)
     src = torch.randn(sizes["rows"] * 2, sizes["d"], dtype=dtype, device=device)
     idx = torch.randperm(src.shape[0], device=device)
-    probes["gather"] = lambda: src.index_select(0, idx)
+    probes["gather"] = _repeat(lambda: src.index_select(0, idx), REPS)
     sizes["a2a_off_rank_bytes"] = []
     for j, nbytes in enumerate(A2A_BYTES):
         buf = torch.randn(max(world, int(nbytes * scale) // esize // world * world), dtype=dtype, device=device)
         sizes["a2a_off_rank_bytes"].append(buf.numel() * esize * (world - 1) / world)
-        probes[f"a2a_{j}"] = lambda buf=buf: dist.all_to_all_single(torch.empty_like(buf), buf)
+        # Back to back, no barrier in between: includes the ranks' natural skew, as inside a layer.
+        probes[f"a2a_{j}"] = _repeat(lambda buf=buf: dist.all_to_all_single(torch.empty_like(buf), buf), REPS)
     big = buf  # the largest one
 
     def mm_loop() -> None:
@@ -95,7 +97,7 @@ def make_probes(rank: int, world: int, precision: str, device_name: str, scale: 
     probes["mm_loop"], probes["both"] = mm_loop, both
     # Size the matmul loop to about one large all-to-all (measured once here, before the rounds).
     sizes["mm_iters"] = 1
-    t_a2a = min(_time_once(probes[f"a2a_{len(A2A_BYTES) - 1}"], _sync(device)) for _ in range(3))
+    t_a2a = min(_time_once(probes[f"a2a_{len(A2A_BYTES) - 1}"], _sync(device)) for _ in range(3)) / REPS
     t_mm = min(_time_once(lambda: a @ a, _sync(device)) for _ in range(3))
     sizes["mm_iters"] = max(1, round(t_a2a / max(t_mm, 1e-9)))
     return probes, sizes
@@ -120,12 +122,21 @@ def _time_once(fn: Callable[[], object], sync: Callable[[], None]) -> float:
     return time.perf_counter() - t0
 
 
+def _repeat(fn: Callable[[], object], reps: int) -> Callable[[], object]:
+    """A short probe run ``reps`` times in a row; :func:`time_round` reports the time of one."""
+    def run() -> None:
+        for _ in range(reps):
+            fn()
+    run.reps = reps  # type: ignore[attr-defined]
+    return run
+
+
 def time_round(probes: dict, device_name: str) -> dict[str, float]:
-    """One timed run of every probe (seconds)."""
+    """One timed run of every probe (seconds per single call)."""
     import torch
 
     sync = _sync(torch.device(device_name))
-    return {name: _time_once(fn, sync) for name, fn in probes.items()}
+    return {name: _time_once(fn, sync) / getattr(fn, "reps", 1) for name, fn in probes.items()}
 
 
 def _calibration_rank(rank: int, world: int, precision: str, device_name: str, scale: float,

@@ -252,3 +252,45 @@ def test_estimator_does_not_import_torch():
 def test_chunked_backward_pays_the_weight_gradient_write_per_chunk():
     n = NodeTimes(0, 1.0, 0, 0, 1.0, 1.0, 0.5, 0, 0.0, 0, 0)
     assert layer_timeline(n, 4).serial == pytest.approx(layer_timeline(n, 1).serial + 3 * 0.5)
+
+
+# ------------------------------------------------------------------ calibration maths (torch-free parts)
+def test_fit_nonnegative_recovers_and_clips():
+    from moe_overlap.verify.calibrate import fit_nonnegative
+
+    feats = [[1.0, x, x * x] for x in (1.0, 2.0, 3.0, 5.0, 8.0)]
+    coef = fit_nonnegative(feats, [2 + 3 * x + 0.5 * x * x for _, x, _ in feats])
+    assert coef == pytest.approx([2, 3, 0.5], rel=1e-6)
+    clipped = fit_nonnegative(feats, [2 + 3 * x - 0.01 * x * x for _, x, _ in feats])
+    assert min(clipped) >= 0 and clipped[2] == 0
+
+
+def test_calibration_from_synthetic_probes():
+    from moe_overlap.verify.calibrate import A2A_BYTES, LOCAL_SHAPES, calibration_from
+
+    rate, c_d, c_f, c_w, fixed, dense = 50e9, 2e-9, 3e-9, 1e-9, 1e-3, 40e9
+    lat, bw = 5e-4, 1e9
+    sizes = {"rows": 1024, "d": 512, "mm_n": 512, "esize": 4, "mm_iters": 3,
+             "a2a_off_rank_bytes": [b / 2 for b in A2A_BYTES]}
+    times = {"dense": 2 * 512**3 / dense, "gather": 2 * 1024 * 2 * 512 * 4 / 2e9}
+    for i, (t, d, f, e, k) in enumerate(LOCAL_SHAPES):
+        r = t * k
+        times[f"local_{i}"] = (fixed + 18 * d * f * r / rate + r * d * c_d + r * f * c_f + 3 * e * d * f * c_w
+                               + 6 * t * d * e / dense)
+    for j, b in enumerate(sizes["a2a_off_rank_bytes"]):
+        times[f"a2a_{j}"] = lat + b / bw
+    big = times[f"a2a_{len(A2A_BYTES) - 1}"]
+    times["mm_loop"], times["both"] = 1.2 * big, 1.2 * big + 0.3 * big  # 70% of the a2a hidden
+    # Two ranks, three rounds; rank 1 is 10% slower in round 1 only: the median ignores it.
+    slow = {k: v * 1.1 for k, v in times.items()}
+    per_rank = [{"sizes": sizes, "rounds": [times, times, times]},
+                {"sizes": sizes, "rounds": [times, slow, times]}]
+    cal = calibration_from(per_rank, backend="gloo", precision="fp32")
+    assert cal.expert_tflops == pytest.approx(rate / 1e12, rel=1e-3)
+    assert cal.perm_ns_per_elem == pytest.approx(c_d * 1e9, rel=1e-3)
+    assert cal.act_ns_per_elem == pytest.approx(c_f * 1e9, rel=1e-3)
+    assert cal.wgrad_ns_per_weight == pytest.approx(c_w * 1e9, rel=1e-3)
+    assert cal.overhead_ms == pytest.approx(fixed * 1e3, rel=1e-3)
+    assert cal.a2a_gbps == pytest.approx(bw / 1e9, rel=1e-3)
+    assert cal.a2a_latency_us == pytest.approx(lat * 1e6, rel=1e-3)
+    assert cal.overlap_efficiency == pytest.approx(0.7, rel=1e-6)
