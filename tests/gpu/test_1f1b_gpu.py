@@ -100,7 +100,9 @@ def compare(result) -> list[str]:
 def test_1f1b_gpu_bf16_matches_sequential():
     from tests.distributed._spawn import run_ranks
 
-    (result,) = run_ranks(_body, world=1, args=("cuda",), timeout=600)
+    # spawn, not fork: a fresh process where CUBLAS_WORKSPACE_CONFIG is set before CUDA initialises
+    # (and CUDA state from earlier tests in this process cannot leak into a forked child).
+    (result,) = run_ranks(_body, world=1, args=("cuda",), timeout=600, start_method="spawn")
     print("nondeterministic ops reported:", result["nondeterministic"] or "none (bitwise comparison)")
     ref = result["runs"]["none+False"]["losses"]
     assert ref[0] != ref[-1], "training did not move: the comparison would be vacuous"
