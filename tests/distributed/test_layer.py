@@ -64,6 +64,16 @@ def _layer_body(rank, world, group):
                 "out": out.detach(), "x": x.grad, "router": layer.router.weight.grad,
                 "w1": layer.experts.w1.grad, "w2": layer.experts.w2.grad,
             }
+        # chunked with one chunk runs the same ops in the same order as none: bitwise equal.
+        layer.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        out, aux = layer(x, schedule="chunked", chunks=1)
+        ((out * gout).sum() + aux_c * aux).backward()
+        ref = results[(name, "none", None)]
+        results[(name, "chunked-1-bitwise-none")] = all(
+            torch.equal(a, b) if a is not None else b is None
+            for a, b in ((out.detach(), ref["out"]), (x.grad, ref["x"]), (layer.router.weight.grad, ref["router"]),
+                         (layer.experts.w1.grad, ref["w1"]), (layer.experts.w2.grad, ref["w2"])))
     errors = []
     for kwargs in ({"num_experts": 3}, {"topk": 0}, {"topk": 9}):
         args = {"hidden": 8, "ffn": 8, "num_experts": 8, "topk": 2} | kwargs
@@ -125,6 +135,7 @@ def test_layer_matches_reference(world):
             assert got[0]["w1"].shape[0] == local
         # Deferred wgrad gives bitwise the immediate weight gradient, for both schedules.
         for res, _ in per_rank:
+            assert res[(name, "chunked-1-bitwise-none")], name
             for schedule in ("none", "chunked"):
                 for w in ("w1", "w2"):
                     assert torch.equal(res[(name, schedule, None)][w], res[(name, schedule, "store")][w])
@@ -174,6 +185,22 @@ def test_low_precision_layer_close_to_fp32(dtype):
         torch.testing.assert_close(got.float(), want.detach(), rtol=5e-2, atol=5e-2)
         got.float().sum().backward()
         assert lp.experts.w1.grad.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_same_inputs_bitwise_same_outputs(dtype):
+    layer = _single_layer(dtype=dtype)
+    x0 = torch.randn(10, 8, generator=torch.Generator().manual_seed(1)).to(dtype)
+    runs = []
+    for schedule, chunks in (("chunked", 3), ("none", 1), ("chunked", 3), ("none", 1)):
+        layer.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        out, _ = layer(x, schedule=schedule, chunks=chunks)
+        out.float().square().sum().backward()
+        runs.append((schedule, [out, x.grad, layer.router.weight.grad, layer.experts.w1.grad]))
+    for i, j in ((0, 2), (1, 3)):
+        assert runs[i][0] == runs[j][0]
+        assert all(torch.equal(a, b) for a, b in zip(runs[i][1], runs[j][1], strict=True))
 
 
 def test_zero_tokens_and_leading_dims():
