@@ -59,6 +59,25 @@ def check_step_options(schedule: str, delay_wgrad: bool, chunks: int, num_micro_
         raise StepConfigError("batches is empty: pass at least one (tokens_BS, labels_BS) micro-batch")
 
 
+def check_batches(batches, vocab_size: int, device: torch.device) -> None:
+    """Each micro-batch must be (tokens_BS, labels_BS): int64, same [B, S] shape, on `device`, ids < vocab."""
+    for i, mb in enumerate(batches):
+        if not (isinstance(mb, (tuple, list)) and len(mb) == 2 and all(isinstance(t, torch.Tensor) for t in mb)):
+            raise StepConfigError(f"batches[{i}]: expected a pair (tokens_BS, labels_BS) of tensors, got {type(mb)}")
+        tokens, labels = mb
+        problems = []
+        if tokens.dim() != 2 or tokens.shape != labels.shape:
+            problems.append(f"shapes {tuple(tokens.shape)} / {tuple(labels.shape)} (need equal [B, S])")
+        if tokens.dtype != torch.int64 or labels.dtype != torch.int64:
+            problems.append(f"dtypes {tokens.dtype} / {labels.dtype} (need torch.int64)")
+        if tokens.device != device or labels.device != device:
+            problems.append(f"devices {tokens.device} / {labels.device} (the model is on {device})")
+        if not problems and tokens.numel() and int(torch.maximum(tokens.max(), labels.max())) >= vocab_size:
+            problems.append(f"token id >= vocab_size={vocab_size}")
+        if problems:
+            raise StepConfigError(f"batches[{i}]: " + "; ".join(problems))
+
+
 def reduce_gradients(model, group) -> None:
     """Average gradients over the EP group (which is also the data-parallel group here).
 
@@ -123,6 +142,8 @@ def forward_backward(
     """
     batches = list(batches)
     check_step_options(schedule, delay_wgrad, chunks, len(batches))
+    # One host sync per step for the id range check; cheap next to the per-layer count exchanges.
+    check_batches(batches, model.cfg.vocab_size, model.embed.weight.device)
     if schedule == "chunked":
         return autograd_forward_backward(model, batches, layer_schedule="chunked", chunks=chunks, group=group,
                                          streams=streams)
