@@ -201,6 +201,13 @@ def test_delayed_wgrad_without_1f1b_is_the_validator_rule(schedule):
     assert isinstance(err.value, ValueError) and "1f1b" in str(err.value)
 
 
+def test_wgrad_rule_id_is_a_card_constraint():
+    from moe_overlap.ep.step import WGRAD_RULE_ID
+    from moe_overlap.skill.cards import load_card
+
+    assert WGRAD_RULE_ID in {c.id for c in load_card().constraints}
+
+
 def test_bad_schedule_and_chunks_name_the_field():
     with pytest.raises(StepConfigError, match="schedule"):
         check_step_options("2f2b", False, 1, 2)
