@@ -15,6 +15,9 @@ the compute stream wait on the collective's event. That per-collective event pla
 Megatron's per-micro-batch event: the wgrad closures record nothing, so the backward dispatch never
 waits for them.
 
+Shape legend: B micro-batch size, S sequence, D hidden; x_BSD flows forward, g_BSD (its gradient)
+backward, between layers.
+
 Why the result is bitwise the sequential one: each node runs the same ops on the same inputs in
 both schedules, and every parameter receives its gradient contributions in micro-batch order
 (backwards run 0, 1, 2, ...; the WgradStore is FIFO and drained inside the same layer's backward:

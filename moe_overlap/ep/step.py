@@ -9,6 +9,8 @@ schedule:
     "1f1b"    cross-micro-batch overlap (ep/schedule_1f1b.py), Megatron-Core's
               overlap_moe_expert_parallel_comm; delay_wgrad=True adds delay_wgrad_compute
 
+Shape legend: B micro-batch size, S sequence length; a micro-batch is (tokens_BS, labels_BS), int64.
+
 On return every gradient is complete (delayed wgrad flushed) and data-parallel reduced over `group`:
 each rank's objective is the mean over its micro-batches; the step's objective is the mean over
 ranks, so dense (replicated) gradients are all-reduced and divided by the group size, and expert
