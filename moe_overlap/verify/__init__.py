@@ -1,0 +1,6 @@
+"""Verification runs of the included MoE implementation (torch runs only in the spawned ranks).
+
+api.run_verification(options, progress, cancel) -> VerificationReport is the entry point; plan.py decides
+(config, ranks, modes, output folder, validation), launcher.py runs the ranks (worker.py + train.py) under a
+heartbeat watchdog, judge.py applies the four success criteria, report.py writes report.json/.md/loss.png.
+"""

@@ -165,6 +165,9 @@ def map_megatron(source: dict[str, Any], flat: dict[str, Any] | None = None) -> 
     if values.get("delay_wgrad_compute") and not values.get("overlap_moe_expert_parallel_comm", True):
         notes.append("delay_wgrad_compute without overlap_moe_expert_parallel_comm is invalid upstream; the "
                      "overlap+wgrad mode still runs with the overlap on")
+    if not values.get("overlap_moe_expert_parallel_comm", False):
+        notes.append("overlap_moe_expert_parallel_comm is off in this config: the overlap modes verify what "
+                     "turning it on would do (validated with it on)")
     kept = [f"{k}={flat[k]}" for k in _KEPT_SMALL if flat.get(k) is not None]
     if kept:
         notes.append("model size kept at the small verification model (the run checks the overlap machinery, "

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def test_default_verification_passes(tmp_path, monkeypatch):
     token = new_token(monkeypatch)
     events = []
-    report = run_verification(VerifyOptions(steps=4, out=tmp_path / "run"), progress=events.append)
+    report = run_verification(VerifyOptions(steps=4, micro_batches=2, out=tmp_path / "run"), progress=events.append)
     assert report.verdict == "passed", report.summary
     data = assert_report_valid(tmp_path / "run")
     assert data["verdict"] == "passed"
