@@ -101,8 +101,11 @@ def run_ranks(fn, world: int, args: tuple = (), timeout: float = 120.0, start_me
                     missing = sorted(set(range(world)) - set(got))
                     raise RankError(f"ranks {missing} exited without a result" + _failures(got)) from None
     finally:
+        # Every rank has reported (or we gave up): give the finished ones a moment to exit, then kill
+        # any that is still there (a hung rank) by its own pid.
+        grace = time.monotonic() + (5 if len(got) == world else 0.5)
         for p in procs:
-            p.join(timeout=5)
+            p.join(timeout=max(0.0, grace - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)

@@ -88,3 +88,31 @@ def _bad_body(rank, world, group):
 
 def test_experts_not_divisible_by_ep_size():
     assert run_ranks(_bad_body, 2, timeout=60) == ["num_experts=3 is not divisible by the EP size 2"] * 2
+
+
+# ---------------------------------------------------------------- the spawn helper itself
+def _hang_body(rank, world, group):
+    import time
+
+    if rank == 1:
+        time.sleep(600)
+    return rank
+
+
+def _raise_body(rank, world, group):
+    if rank == 0:
+        raise KeyError("rank zero broke")
+    return rank
+
+
+def test_spawn_helper_turns_a_hang_into_a_failure():
+    import time
+
+    from tests.distributed._spawn import RankError, RankTimeout
+
+    t0 = time.monotonic()
+    with pytest.raises(RankTimeout, match=r"ranks \[1\] did not finish"):
+        run_ranks(_hang_body, 2, timeout=8)
+    assert time.monotonic() - t0 < 30
+    with pytest.raises(RankError, match="rank zero broke"):
+        run_ranks(_raise_body, 2, timeout=60)
