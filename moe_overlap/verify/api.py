@@ -121,8 +121,9 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
     torch_version = next((rec.get("torch") for rec in result.records.get(0, []) if rec.get("kind") == "init"),
                          None) or _torch_version()
     failed = [c.id for c in criteria if c.status == "fail"]
-    summary = {"passed": "all success criteria met", "failed": "criteria failed: " + ", ".join(failed)}.get(
-        v, f"{v}: {result.message}")
+    skipped = [c.id for c in criteria if c.status == "skipped" and c.binding]
+    summary = {"passed": "all success criteria met", "failed": "criteria failed: " + ", ".join(failed),
+               "inconclusive": "not assessed: " + ", ".join(skipped)}.get(v, f"{v}: {result.message}")
     report = VerificationReport(
         verdict=v, summary=summary, started_at=started_at, elapsed_s=round(time.monotonic() - t0, 2),
         command=command, config_source=plan.config_source, config=plan.cfg.model_dump(),

@@ -143,6 +143,10 @@ def criterion_loss(runs: list[ModeRun], precision: str) -> Criterion:
 
 
 def verdict(launch_status: str, criteria: list[Criterion]) -> str:
+    """passed only when every binding criterion was actually assessed (e.g. --modes overlap alone cannot
+    compare anything with a baseline: inconclusive, not passed)."""
     if launch_status != "completed":
         return launch_status
-    return "failed" if any(c.status == "fail" and c.binding for c in criteria) else "passed"
+    if any(c.status == "fail" and c.binding for c in criteria):
+        return "failed"
+    return "inconclusive" if any(c.status == "skipped" and c.binding for c in criteria) else "passed"

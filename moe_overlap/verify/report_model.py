@@ -6,6 +6,8 @@
 Verdicts:
   passed     every binding criterion passed
   failed     a run completed but a criterion failed (invalid config, loss mismatch, throughput regression)
+  inconclusive  a run completed, nothing failed, but a binding criterion could not be assessed
+                (e.g. no baseline mode to compare with, or no validator installed)
   crashed    a rank raised or exited non-zero (its traceback is in ``failure``)
   hang       a rank sent no heartbeat for ``hang_timeout_s`` (stacks of all ranks in ``failure``)
   timeout    the whole run exceeded ``timeout_s``
@@ -18,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Verdict = Literal["passed", "failed", "crashed", "hang", "timeout", "cancelled"]
+Verdict = Literal["passed", "failed", "inconclusive", "crashed", "hang", "timeout", "cancelled"]
 CriterionStatus = Literal["pass", "fail", "warn", "skipped"]
 CRITERIA_IDS = ("config-validation", "completes-cleanly", "throughput", "loss-trajectory")
 

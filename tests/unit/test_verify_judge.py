@@ -82,3 +82,10 @@ def test_paired_steps_cancel_machine_drift():
     other = _run("overlap", [t / 1.1 for t in drift])
     c = throughput_comparison(base, other)
     assert c["status"] == "improved" and abs(c["ratio"] - 1.1) < 1e-9 and c["noise_band"] == 0.01
+
+
+def test_nothing_to_compare_is_inconclusive():
+    only = _run("overlap", [1.0] * 4)
+    crit = [criterion_loss([only], "fp32"), criterion_throughput([only], binding=False)]
+    assert crit[0].status == "skipped"
+    assert verdict("completed", crit) == "inconclusive"
