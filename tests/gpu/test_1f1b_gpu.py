@@ -1,4 +1,5 @@
-"""1F1B (+ delayed wgrad) vs the sequential schedule on one GPU, EP 1, bf16.
+"""1F1B (+ delayed wgrad) vs the sequential schedule on one GPU, EP 1, bf16 (and EP 2 over NCCL
+with the comm stream when two GPUs are present).
 
 Deterministic settings (set in a fresh spawned process, before CUDA initialises):
   * CUBLAS_WORKSPACE_CONFIG=:4096:8 (cuBLAS picks reproducible reductions; needed with several streams)
@@ -97,9 +98,10 @@ def compare(result) -> list[str]:
 
 
 @pytest.mark.gpu
-def test_1f1b_gpu_bf16_matches_sequential():
+def test_1f1b_gpu_bf16_matches_sequential(monkeypatch):
     from tests.distributed._spawn import run_ranks
 
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # inherited by the child before CUDA starts
     # spawn, not fork: a fresh process where CUBLAS_WORKSPACE_CONFIG is set before CUDA initialises
     # (and CUDA state from earlier tests in this process cannot leak into a forked child).
     (result,) = run_ranks(_body, world=1, args=("cuda",), timeout=600, start_method="spawn")
@@ -108,3 +110,18 @@ def test_1f1b_gpu_bf16_matches_sequential():
     assert ref[0] != ref[-1], "training did not move: the comparison would be vacuous"
     fails = compare(result)
     assert not fails, "\n".join(fails[:20])
+
+
+@pytest.mark.gpu
+def test_1f1b_gpu_ep2_nccl_matches_sequential(monkeypatch):
+    """EP 2 over NCCL with the comm stream (needs 2 GPUs, e.g. nvidia-h200-x2): the stream/event path."""
+    from tests.distributed._spawn import run_ranks
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    results = run_ranks(_body, world=2, args=("cuda",), timeout=600, backend="nccl")
+    for rank, result in enumerate(results):
+        print(f"rank {rank} nondeterministic ops reported:", result["nondeterministic"] or "none")
+        fails = compare(result)
+        assert not fails, f"rank {rank}:\n" + "\n".join(fails[:20])
