@@ -191,6 +191,12 @@ def fit_nonnegative(features: list[list[float]], targets: list[float]) -> list[f
         active = [j for j, c in zip(active, coef, strict=True) if c >= 0] or active[:1]
 
 
+def _relative_fit(features: list[list[float]], targets: list[float]) -> list[float]:
+    """Fit relative errors (each row divided by its target): a 1 ms probe counts as much as a 100 ms one."""
+    return fit_nonnegative([[x / t for x in row] for row, t in zip(features, targets, strict=True)],
+                           [1.0] * len(targets))
+
+
 def calibration_from(per_rank: list[dict], *, backend: str, precision: str, stat: str = "median") -> Calibration:
     """``stat``: "median" (default) or "min" over rounds (the least disturbed run on a shared machine)."""
     s = per_rank[0]["sizes"]
@@ -206,11 +212,11 @@ def calibration_from(per_rank: list[dict], *, backend: str, precision: str, stat
         rows = tok * k
         feats.append([1.0, 18.0 * d * f * rows, rows * d, rows * f, 3.0 * e * d * f])
         targets.append(t[f"local_{i}"] - 6.0 * tok * d * e / (dense_tflops * 1e12))
-    fixed, sec_per_flop, c_d, c_f, c_w = fit_nonnegative(feats, targets)
+    fixed, sec_per_flop, c_d, c_f, c_w = _relative_fit(feats, targets)
     # All-to-all: t = latency + off-rank bytes / bandwidth, fitted over the sizes.
     sizes = s["a2a_off_rank_bytes"]
     a2a_t = [t[f"a2a_{j}"] for j in range(len(sizes))]
-    latency, sec_per_byte = fit_nonnegative([[1.0, b] for b in sizes], a2a_t)
+    latency, sec_per_byte = _relative_fit([[1.0, b] for b in sizes], a2a_t)
     big = t[f"a2a_{len(sizes) - 1}"]
     hidden = t["mm_loop"] + big - t["both"]
     return Calibration(
