@@ -56,6 +56,10 @@ def _child(fn, rank, world, port, args, results, timeout, backend):
         )
         try:
             out = fn(rank, world, dist.group.WORLD, *args)
+            # Rank 0's process hosts the TCP store: leaving before the other ranks are done with it
+            # (a late new_group rendezvous, say) breaks their pipe. Only on success: after a failure
+            # the parent kills the ranks left waiting.
+            dist.barrier()
         finally:
             dist.destroy_process_group()
         # Plain pickle copies tensor bytes; the queue's own pickler would share them by file

@@ -26,7 +26,9 @@ SEED_IDS = [
     "flex-backend-gpu-support",
     "cuda-device-max-connections", "ep-divides-experts", "wgrad-not-in-first-rollout", "single-micro-batch",
 ]
-WARNINGS = {"cuda-device-max-connections", "ep-divides-experts", "wgrad-not-in-first-rollout", "single-micro-batch"}
+# flex-backend-needs-flex-dispatcher is a warning: the backend setting alone has no effect, it breaks nothing.
+WARNINGS = {"cuda-device-max-connections", "ep-divides-experts", "wgrad-not-in-first-rollout", "single-micro-batch",
+            "flex-backend-needs-flex-dispatcher"}
 
 # Each constraint bullet of the seed document -> (rule id, config key or words its `requires`/`applies_when` names).
 SEED_BULLETS = [
