@@ -112,6 +112,7 @@ def bench_body(rank, world, group, shape, device_type, dtype_name, rounds, chunk
     bwd = {k: [] for k in fwd}
     fwd_wait = {k: [] for k in fwd}
     bwd_wait = {k: [] for k in fwd}
+    cpu = {k: [] for k in fwd}  # CPU time of this rank's main thread over fwd+bwd
     clock = WaitClock()
     parts = {"route+permute": [], "count exchange": [], "dispatch a2a": [], "sort+unsort": [],
              "experts fwd": [], "combine a2a": [], "unpermute": []}
@@ -122,16 +123,18 @@ def bench_body(rank, world, group, shape, device_type, dtype_name, rounds, chunk
             x = x0.clone().requires_grad_()
             dist.barrier(group)
             clock.lap()
+            c0 = time.thread_time()
             (out, _), tf = _timed(lambda s=schedule, c=chunks, x=x: layer(
                 x, schedule=s, chunks=c, comm_stream=stream), device)
             wf = clock.lap()
             _, tb = _timed(lambda out=out: out.backward(gout), device)
-            wb = clock.lap()
+            wb, c2 = clock.lap(), time.thread_time()
             if r:
                 fwd[key].append(tf)
                 bwd[key].append(tb)
                 fwd_wait[key].append(wf)
                 bwd_wait[key].append(wb)
+                cpu[key].append(c2 - c0)
         dist.barrier(group)
         with torch.no_grad():
             routing, t_route = _timed(lambda: route(x0, layer.router.weight, topk=layer.topk, force_balance=True),
@@ -165,7 +168,7 @@ def bench_body(rank, world, group, shape, device_type, dtype_name, rounds, chunk
         return statistics.median(t.cpu().tolist()) * 1e3
 
     table = {k: {"fwd_ms": worst(fwd[k]), "bwd_ms": worst(bwd[k]), "fwd_blocked_in_a2a_ms": worst(fwd_wait[k]),
-                 "bwd_blocked_in_a2a_ms": worst(bwd_wait[k])} for k in fwd}
+                 "bwd_blocked_in_a2a_ms": worst(bwd_wait[k]), "main_thread_cpu_ms": worst(cpu[k])} for k in fwd}
     pieces = {k: worst(v) for k, v in parts.items()}
     pieces["sum of pieces"] = sum(pieces.values())
     return {"table": table, "pieces_ms": pieces, "expert_path": layer.expert_path(x0),
@@ -178,16 +181,17 @@ def print_run(res, rep, args, backend, dtype, shape) -> list[dict]:
     print(f"[run {rep}] MoE layer, {args.ranks} ranks ({backend}), {dtype}, shape {shape}, "
           f"expert path {res['expert_path']}")
     print(f"{'schedule':<12}{'fwd ms':>10}{'bwd ms':>10}{'fwd+bwd':>10}{'vs none':>9}"
-          f"{'fwd blocked':>13}{'bwd blocked':>13}")
+          f"{'fwd blocked':>13}{'bwd blocked':>13}{'main cpu':>10}")
     for key, t in res["table"].items():
         total = t["fwd_ms"] + t["bwd_ms"]
         ratio = total / (none["fwd_ms"] + none["bwd_ms"])
         rows.append({"schedule": key.split(":")[0], "chunks": int(key.split(":")[1]), **t,
                      "total_ms": total, "ratio_vs_none": ratio})
         print(f"{key:<12}{t['fwd_ms']:>10.2f}{t['bwd_ms']:>10.2f}{total:>10.2f}{ratio:>9.3f}"
-              f"{t['fwd_blocked_in_a2a_ms']:>13.2f}{t['bwd_blocked_in_a2a_ms']:>13.2f}")
-    print("blocked = host time inside A2AHandle.wait (waiting for the peer and the transfer), median of the"
-          " slowest rank")
+              f"{t['fwd_blocked_in_a2a_ms']:>13.2f}{t['bwd_blocked_in_a2a_ms']:>13.2f}{t['main_thread_cpu_ms']:>10.2f}")
+    print("blocked = host time inside A2AHandle.wait (waiting for the peer and the transfer); main cpu = CPU time"
+          " of the rank's main thread over fwd+bwd; wall - cpu - blocked = time the thread was runnable but"
+          " not running (descheduled). Medians of the slowest rank.")
     print("pieces of the none forward, measured alone (ms):",
           ", ".join(f"{k} {v:.2f}" for k, v in res["pieces_ms"].items()))
     return rows
