@@ -62,6 +62,16 @@ def check_topk(topk: int, num_experts: int) -> None:
         raise ValueError(f"topk={topk!r}: must be an int in [1, num_experts={num_experts}]")
 
 
+def count_per_expert(experts_N: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """int64 [E] counts of each expert id in ``experts_N``.
+
+    A one-hot sum rather than ``torch.bincount``: on CUDA bincount reads the max id back to the host
+    (a device sync) and this stays on the device; it is exact and deterministic (no atomics).
+    """
+    ids_E = torch.arange(num_experts, device=experts_N.device)
+    return (experts_N.reshape(-1, 1) == ids_E).sum(0)
+
+
 def balanced_assignment(num_tokens: int, topk: int, num_experts: int, device) -> torch.Tensor:
     """experts_TK[t, k] = (t*K + k) % E: distinct experts per token, loads within +-1 of each other."""
     flat = torch.arange(num_tokens * topk, device=device, dtype=torch.int64) % num_experts
@@ -107,7 +117,7 @@ def route(
     if num_tokens == 0:
         zero = logits_TE.sum() * 0.0  # keeps the graph connected, value exactly 0
         return Routing(probs_TK, experts_TK, zero, zero)
-    frac_E = torch.bincount(experts_TK.reshape(-1), minlength=num_experts).float() / (num_tokens * topk)
+    frac_E = count_per_expert(experts_TK.reshape(-1), num_experts).float() / (num_tokens * topk)
     score_for_aux = scores_TE if score == "softmax" else scores_TE / (scores_TE.sum(-1, keepdim=True) + 1e-20)
     aux_loss = num_experts * (frac_E * score_for_aux.mean(0)).sum()
     z_loss = torch.logsumexp(logits_TE, dim=-1).pow(2).mean()
