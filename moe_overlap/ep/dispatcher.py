@@ -232,6 +232,11 @@ class _UnpermuteFn(torch.autograd.Function):
         return g_ND, g_probs, None
 
 
+def unpermute(y_ND: torch.Tensor, probs_TK: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
+    """Autograd-aware inverse of :func:`permute` applying the routing weights -> out_TD."""
+    return _UnpermuteFn.apply(y_ND, probs_TK, plan)
+
+
 def permute(x_TD: torch.Tensor, routing: Routing, num_experts: int) -> tuple[torch.Tensor, PermutePlan]:
     """Autograd-aware step 1. Returns (x_ND sorted by global expert, plan)."""
     plan = plan_permute(routing.experts_TK, num_experts)
@@ -273,4 +278,4 @@ def combine(y_SD: torch.Tensor, handle: DispatchHandle) -> torch.Tensor:
     y_ND = unsort_by_local_expert(y_SD, plan)
     if not _sort_is_identity(plan):
         y_ND = all_to_all(y_ND, plan.send_splits, plan.recv_splits, handle.group)
-    return _UnpermuteFn.apply(y_ND, handle.probs_TK, plan.permute)
+    return unpermute(y_ND, handle.probs_TK, plan.permute)

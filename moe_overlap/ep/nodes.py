@@ -32,8 +32,7 @@ from moe_overlap.ep.dispatcher import (
     make_dispatch_plan,
     permute,
     sort_by_local_expert,
-    unpermute_rows,
-    unpermute_rows_backward,
+    unpermute,
     unsort_by_local_expert,
 )
 from moe_overlap.ep.router import attach_aux_losses, route
@@ -62,22 +61,6 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
 
 def _backward(outputs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
     torch.autograd.backward(outputs, grads)
-
-
-class _Unpermute(torch.autograd.Function):
-    """Autograd wrapper over the dispatcher's public unpermute steps (gathers only: deterministic)."""
-
-    @staticmethod
-    def forward(ctx, y_ND, probs_TK, plan):
-        ctx.plan = plan
-        ctx.save_for_backward(y_ND, probs_TK)
-        return unpermute_rows(y_ND, probs_TK, plan)
-
-    @staticmethod
-    def backward(ctx, g_TD):
-        y_ND, probs_TK = ctx.saved_tensors
-        g_ND, g_probs_TK = unpermute_rows_backward(g_TD, y_ND, probs_TK, ctx.plan)
-        return g_ND, g_probs_TK, None
 
 
 class LayerRun:
@@ -137,7 +120,7 @@ class LayerRun:
         self.handle = None
         self.probs_in, self.h_in = _leaf(self.probs_TK), _leaf(self.h_BSD)
         with torch.enable_grad():
-            y_TD = _Unpermute.apply(self.y_ND_in, self.probs_in, self.plan.permute)
+            y_TD = unpermute(self.y_ND_in, self.probs_in, self.plan.permute)
             self.out_BSD = self.h_in + y_TD.view_as(self.h_in)
         return self.out_BSD.detach()
 

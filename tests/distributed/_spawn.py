@@ -41,6 +41,7 @@ def free_port() -> int:
 
 def _child(fn, rank, world, port, args, results, timeout, backend):
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    sent = False
     try:
         import datetime
 
@@ -56,17 +57,19 @@ def _child(fn, rank, world, port, args, results, timeout, backend):
         )
         try:
             out = fn(rank, world, dist.group.WORLD, *args)
+            # Plain pickle copies tensor bytes; the queue's own pickler would share them by file
+            # descriptor, which breaks once this process has exited.
+            results.put((rank, True, pickle.dumps(out)))
+            sent = True
             # Rank 0's process hosts the TCP store: leaving before the other ranks are done with it
-            # (a late new_group rendezvous, say) breaks their pipe. Only on success: after a failure
-            # the parent kills the ranks left waiting.
+            # (a late new_group rendezvous, say) breaks their pipe. A rank that never arrives here
+            # is reported by the parent, which then kills the ranks left waiting.
             dist.barrier()
         finally:
             dist.destroy_process_group()
-        # Plain pickle copies tensor bytes; the queue's own pickler would share them by file
-        # descriptor, which breaks once this process has exited.
-        results.put((rank, True, pickle.dumps(out)))
     except BaseException:  # noqa: BLE001 - everything goes back to the parent
-        results.put((rank, False, traceback.format_exc()))
+        if not sent:
+            results.put((rank, False, traceback.format_exc()))
 
 
 def run_ranks(fn, world: int, args: tuple = (), timeout: float = 120.0, start_method: str | None = None,
