@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         from moe_overlap.verify.calibrate import CalibrationFailed, calibrate
 
         try:
-            data["calibration"] = calibrate(backend=args.calibrate_backend).model_dump()
+            # Calibrate in the precision being estimated: CPU bf16 GEMMs run at another rate than fp32.
+            data["calibration"] = calibrate(backend=args.calibrate_backend,
+                                            precision=args.precision or "bf16").model_dump()
         except CalibrationFailed as exc:
             raise CommandError(f"calibration failed: {exc}", exit_code=1,
                                fix="check that torch is installed and 2 processes can start") from None
