@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--fabric", help="link presets joined by '+': " + ", ".join(sorted(LINKS)))
     h.add_argument("--intra-gbps", type=float, help="intra-node GB/s per GPU per direction")
     h.add_argument("--inter-gbps", type=float, help="inter-node GB/s per GPU per direction")
+    h.add_argument("--link-gbps", type=float, help="one GB/s for both levels (sets --intra-gbps and --inter-gbps)")
     h.add_argument("--a2a-efficiency", type=float, help="achieved fraction of link bandwidth (default 0.75)")
     h.add_argument("--gpu-preset", help="GEMM throughput preset: " + ", ".join(sorted(GPUS)))
     h.add_argument("--tflops", type=float, help="expert GEMM TFLOP/s")
@@ -56,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from moe_overlap.skill.estimate_text import render_text
 
     data = {field: getattr(args, flag) for flag, field in _FIELDS.items() if getattr(args, flag) is not None}
+    if args.link_gbps is not None:
+        data.setdefault("intra_gbps", args.link_gbps)
+        data.setdefault("inter_gbps", args.link_gbps)
     if args.calibrate:
         from moe_overlap.verify.calibrate import CalibrationFailed, calibrate
 

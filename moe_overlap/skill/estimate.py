@@ -69,6 +69,17 @@ def parse_request(data: dict) -> EstimateRequest:
     return req
 
 
+def _link(explicit: float | None, preset: hw.LinkPreset | None, cal: Calibration | None, eff: float,
+          default_latency_us: float) -> tuple[float | None, float]:
+    """(achieved GB/s, latency us) of one link level: explicit or preset nominal x efficiency, else the
+    calibration's measured (already achieved) bandwidth and latency."""
+    if explicit or preset:
+        return (explicit or preset.gbps) * eff, preset.latency_us if preset else default_latency_us
+    if cal:
+        return cal.a2a_gbps, cal.a2a_latency_us
+    return None, default_latency_us
+
+
 def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
     cal = req.calibration
     sources: list[str] = []
@@ -79,9 +90,9 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
         except hw.PresetError as exc:
             raise EstimateError("fabric", str(exc).split(": ", 1)[1], choices=exc.choices) from None
         sources += [f"{p.name}: {p.source}" for p in (intra, inter) if p]
-    eff = req.a2a_efficiency or (1.0 if cal else hw.DEFAULT_A2A_EFFICIENCY)
-    intra_gbps = req.intra_gbps or (intra.gbps if intra else None) or (cal.a2a_gbps if cal else None)
-    inter_gbps = req.inter_gbps or (inter.gbps if inter else None) or (cal.a2a_gbps if cal else None)
+    eff = req.a2a_efficiency or hw.DEFAULT_A2A_EFFICIENCY
+    intra_gbps, intra_lat = _link(req.intra_gbps, intra, cal, eff, 15.0)
+    inter_gbps, inter_lat = _link(req.inter_gbps, inter, cal, eff, 30.0)
     if intra_gbps is None:
         raise EstimateError("fabric", "no intra-node bandwidth", "pass fabric (e.g. h100-nvlink+ib-400g), "
                             "intra_gbps, or a calibration", choices=sorted(hw.LINKS))
@@ -104,18 +115,19 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
                             choices=sorted(hw.GPUS))
     dense = req.dense_tflops or (gpu.dense_tflops if gpu else None) or (cal.dense_tflops if cal else None) or tflops
     mem = req.mem_gbps or (gpu.mem_gbps if gpu else None) or (cal.mem_gbps if cal else None)
-    lat_default = (cal.a2a_latency_us if cal else None)
+    # The calibration's per-element costs describe our kernels on the calibrated machine: used only when
+    # no preset or explicit memory rate says which machine this is.
+    per_elem = cal if cal and not (gpu or req.mem_gbps) else None
     overhead = req.overhead_ms if req.overhead_ms is not None else (cal.overhead_ms if cal else 0.0)
     if cal:
         sources.append(f"calibration: {cal.source}")
     return ResolvedHardware(
         expert_tflops=tflops, dense_tflops=dense, mem_gbps=mem,
-        intra_gbps=intra_gbps * eff, inter_gbps=(inter_gbps * eff) if inter_gbps else None,
-        a2a_efficiency=eff, act_ns_per_elem=cal.act_ns_per_elem if cal else None,
-        perm_ns_per_elem=cal.perm_ns_per_elem if cal else None,
-        wgrad_ns_per_weight=cal.wgrad_ns_per_weight if cal else None, overhead_ms=overhead,
-        intra_latency_us=lat_default if lat_default is not None else (intra.latency_us if intra else 15.0),
-        inter_latency_us=lat_default if lat_default is not None else (inter.latency_us if inter else 30.0),
+        intra_gbps=intra_gbps, inter_gbps=inter_gbps, a2a_efficiency=eff,
+        act_ns_per_elem=per_elem.act_ns_per_elem if per_elem else None,
+        perm_ns_per_elem=per_elem.perm_ns_per_elem if per_elem else None,
+        wgrad_ns_per_weight=per_elem.wgrad_ns_per_weight if per_elem else None, overhead_ms=overhead,
+        intra_latency_us=intra_lat, inter_latency_us=inter_lat,
         overlap_efficiency=req.overlap_efficiency if req.overlap_efficiency is not None
         else (cal.overlap_efficiency if cal else 1.0),
         sources=sources,

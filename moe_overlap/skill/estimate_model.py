@@ -75,9 +75,9 @@ class ResolvedHardware(BaseModel):
     expert_tflops: float
     dense_tflops: float
     mem_gbps: float | None = Field(description="None: memory-bound passes not modelled")
-    intra_gbps: float = Field(description="achieved intra-node all-to-all GB/s (nominal x efficiency)")
+    intra_gbps: float = Field(description="achieved intra-node all-to-all GB/s (nominal x efficiency, or calibrated)")
     inter_gbps: float | None
-    a2a_efficiency: float
+    a2a_efficiency: float = Field(description="applied to nominal (preset or explicit) bandwidths, not to calibrated ones")
     perm_ns_per_elem: float | None = Field(description="calibrated gather cost; None: 16*D elements at mem_gbps")
     act_ns_per_elem: float | None = Field(description="calibrated SwiGLU cost; None: fused kernel at mem_gbps")
     wgrad_ns_per_weight: float | None = Field(description="calibrated; None: 3 accesses per weight at mem_gbps")

@@ -16,7 +16,8 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
         f"traffic stays on the rank, {node - 1}/{req.ep} uses the intra-node link, the rest the inter-node link",
         "one all-to-all takes max(intra bytes / intra bandwidth, inter bytes / inter bandwidth) + a fixed "
         "latency; intra- and inter-node transfers proceed at once",
-        f"achieved all-to-all bandwidth = nominal x {h.a2a_efficiency:.2f}",
+        (f"achieved all-to-all bandwidth = nominal x {h.a2a_efficiency:.2f}" if not req.calibration or req.fabric
+         or req.intra_gbps else "all-to-all bandwidth and latency as calibrated (achieved, not nominal)"),
         "expert FLOPs per routed token: forward 6*D*F (w1 [D,2F]: 4*D*F, w2 [F,D]: 2*D*F); backward dgrad "
         "6*D*F and wgrad 6*D*F; SwiGLU's elementwise work counted as memory traffic",
         f"expert GEMMs at {h.expert_tflops:g} TFLOP/s at every chunk size (smaller chunks run slower in "

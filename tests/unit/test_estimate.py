@@ -117,6 +117,17 @@ def test_calibration_feeds_the_rates():
     assert any("calibration" in s for s in h.sources)
 
 
+def test_presets_win_over_calibration_and_keep_their_efficiency():
+    cal = Calibration(expert_tflops=0.03, dense_tflops=0.04, mem_gbps=5, perm_ns_per_elem=9, act_ns_per_elem=9,
+                      wgrad_ns_per_weight=9, a2a_gbps=0.3, a2a_latency_us=800, overlap_efficiency=0.4,
+                      source="test")
+    r = est(calibration=cal.model_dump())  # BASE has fabric and gpu presets
+    h = r.hardware
+    assert h.intra_gbps == pytest.approx(450 * 0.75) and h.intra_latency_us == 15.0
+    assert h.expert_tflops == 490.0 and h.perm_ns_per_elem is None and h.act_ns_per_elem is None
+    assert h.overlap_efficiency == 0.4  # no preset for it: the measured value is used
+
+
 # ------------------------------------------------------------------ schedule properties
 def test_none_exposes_all_communication():
     s = by_name(est())["none"]
@@ -294,3 +305,11 @@ def test_calibration_from_synthetic_probes():
     assert cal.a2a_gbps == pytest.approx(bw / 1e9, rel=1e-3)
     assert cal.a2a_latency_us == pytest.approx(lat * 1e6, rel=1e-3)
     assert cal.overlap_efficiency == pytest.approx(0.7, rel=1e-6)
+
+
+def test_cli_link_gbps_sets_both_levels(capsys):
+    args = ARGS[:-4] + ["--ep", "16", "--experts", "32", "--link-gbps", "100", "--gpu-preset", "h200",
+                        "--format", "json"]
+    assert main(args) == 0
+    hw = json.loads(capsys.readouterr().out)["hardware"]
+    assert hw["intra_gbps"] == hw["inter_gbps"] == pytest.approx(75.0)
