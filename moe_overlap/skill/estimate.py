@@ -233,7 +233,9 @@ def _recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer,
     comm_share = none.comm_ms / (none.step_ms) if none.step_ms else 0.0
     megatron = [s for s in scheds if s.name.startswith("1f1b") and s.available]
     candidates = megatron or [s for s in scheds if s.name == "chunked"]
-    best = max(candidates, key=lambda s: s.speedup)
+    # Candidates are in order of simplicity: a more involved schedule must win by more than 0.1%.
+    top = max(s.speedup for s in candidates)
+    best = next(s for s in candidates if s.speedup >= top * (1 - 1e-3))
     reasons = [f"all-to-all is {comm_share:.0%} of the step without overlap "
                f"({p.a2a_ms + p.a2a_latency_ms:.3f} ms per all-to-all, 4 per layer and micro-batch)"]
     if req.ep == 1:

@@ -61,7 +61,8 @@ def make_probes(rank: int, world: int, precision: str, device_name: str, scale: 
     # Our MoE layer on a group of one rank (no collective: the all-to-alls short-cut to the identity), at
     # several shapes: its compute cost per GEMM FLOP, per routed row per D and per F element, and fixed.
     singles = [dist.new_group([r]) for r in range(world)]  # every rank must create every group
-    for i, (t, d, f, e, k) in enumerate(LOCAL_SHAPES):
+    sizes["local_shapes"] = [(int(t * scale), d, f, e, k) for t, d, f, e, k in LOCAL_SHAPES]
+    for i, (t, d, f, e, k) in enumerate(sizes["local_shapes"]):
         layer = MoELayer(d, f, e, k, singles[rank], force_balance=True, dtype=dtype, device=device, seed=i)
         x = torch.randn(t, d, dtype=dtype, device=device, requires_grad=True)
         gy = torch.randn(t, d, dtype=dtype, device=device)
@@ -208,7 +209,7 @@ def calibration_from(per_rank: list[dict], *, backend: str, precision: str, stat
     # weight-gradient GEMMs write all of them whatever the row count); the router GEMMs (6*T*D*E) go at
     # the dense rate.
     feats, targets = [], []
-    for i, (tok, d, f, e, k) in enumerate(LOCAL_SHAPES):
+    for i, (tok, d, f, e, k) in enumerate(s.get("local_shapes", LOCAL_SHAPES)):
         rows = tok * k
         feats.append([1.0, 18.0 * d * f * rows, rows * d, rows * f, 3.0 * e * d * f])
         targets.append(t[f"local_{i}"] - 6.0 * tok * d * e / (dense_tflops * 1e12))
