@@ -27,6 +27,7 @@ from moe_overlap.skill.estimate_model import (
     ResolvedHardware,
     ScheduleEstimate,
 )
+from moe_overlap.skill.estimate_text import assumptions
 from moe_overlap.skill.timeline import NodeTimes, blend, layer_timeline, one_f_one_b_timeline
 
 __all__ = ["Calibration", "EstimateError", "EstimateRequest", "EstimateResult", "estimate_overlap_benefit",
@@ -227,8 +228,6 @@ def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
 
 def _recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer,
                scheds: list[ScheduleEstimate]) -> EstimateResult:
-    from moe_overlap.skill.estimate_text import assumptions
-
     none = scheds[0]
     comm_share = none.comm_ms / (none.step_ms) if none.step_ms else 0.0
     megatron = [s for s in scheds if s.name.startswith("1f1b") and s.available]
