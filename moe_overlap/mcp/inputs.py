@@ -109,6 +109,12 @@ class JobInput(_Input):
     job_id: str = Field(max_length=64, description="the job handle run_verification returned")
 
 
+class StatusInput(JobInput):
+    wait_s: float = Field(0.0, ge=0, le=50, description="seconds to wait for the job to finish before answering "
+                                                        "(0-50; keeps polling cheap while staying under client "
+                                                        "tool timeouts)")
+
+
 class CancelInput(JobInput):
     wait_s: float = Field(30.0, ge=0, le=120, description="seconds to wait for the run and its processes to end")
 

@@ -67,7 +67,8 @@ def status_of(job: Job, *, with_children: bool = False) -> VerificationStatus:
     progress, _, recent = job.snapshot()
     report, cuts = (bounded_report(job.result) if job.result is not None else (None, []))
     if job.state == "running":
-        nxt = f"call get_verification_status with job_id={job.id!r} in a few seconds, or cancel_verification"
+        nxt = (f"call get_verification_status with job_id={job.id!r} and wait_s=30 (it answers when the run ends), "
+               "or cancel_verification")
     elif job.state == "succeeded":
         verdict = (report or {}).get("verdict")
         nxt = ("verdict passed: enable the setting in the real job, then check its log with check_training_log"
@@ -145,11 +146,15 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs:
                     await anyio.to_thread.run_sync(job.join, CANCEL_WAIT_S)
         return status_of(job)
 
-    async def get_verification_status(inp: ins.JobInput, ctx: Context) -> VerificationStatus:
+    async def get_verification_status(inp: ins.StatusInput, ctx: Context) -> VerificationStatus:
         try:
-            return status_of(jobs.get(inp.job_id))
+            job = jobs.get(inp.job_id)
         except JobError as exc:
             raise ToolError(f"`job_id`: {exc}. Fix: use the job_id that run_verification returned.") from None
+        with anyio.move_on_after(inp.wait_s):
+            while not job.finished.is_set():
+                await anyio.sleep(POLL_S)
+        return status_of(job)
 
     async def cancel_verification(inp: ins.CancelInput, ctx: Context) -> VerificationStatus:
         try:
@@ -168,9 +173,10 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs:
                    # Writes a new report folder each call (not idempotent), deletes nothing, local only.
                    hints=annotations(title="Run a verification", read_only=False, destructive=False,
                                      idempotent=False, open_world=False))
-    add_model_tool(server, guard, name="get_verification_status", input_model=ins.JobInput,
+    add_model_tool(server, guard, name="get_verification_status", input_model=ins.StatusInput,
                    result_model=VerificationStatus, handler=get_verification_status,
-                   description="State, latest progress and (when finished) the report of a verification job.",
+                   description="State, latest progress and (when finished) the report of a verification job; "
+                               "wait_s waits up to that long for it to finish first.",
                    hints=annotations(title="Verification status", read_only=True, destructive=False,
                                      idempotent=True, open_world=False))
     add_model_tool(server, guard, name="cancel_verification", input_model=ins.CancelInput,

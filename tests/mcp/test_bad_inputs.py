@@ -37,6 +37,7 @@ CASES = [
     ("run_verification", {"timeout_s": 1e9}, "timeout_s", ["Fix"]),
     ("get_verification_status", {"job_id": "verify-nope"}, "job_id", ["no verification job", "Fix"]),
     ("get_verification_status", {}, "job_id", ["required", "Fix"]),
+    ("get_verification_status", {"job_id": "x", "wait_s": 3600}, "wait_s", ["less than or equal to 50"]),
     ("cancel_verification", {"job_id": "verify-nope"}, "job_id", ["no verification job", "Fix"]),
     ("cancel_verification", {"job_id": "x", "wait_s": -1}, "wait_s", ["Fix"]),
     ("check_training_log", {}, "(arguments)", ["exactly one of", "path"]),

@@ -42,8 +42,8 @@ async def test_cancel_verification_kills_every_rank(server):
         job_id = started.structured_content["job_id"]
         ranks = await anyio.to_thread.run_sync(lambda: _wait_for(descendant_pids, 60, "rank processes"))
         assert len(ranks) >= 2
-        status = await client.call_tool("get_verification_status", {"job_id": job_id})
-        assert status.structured_content["state"] == "running"
+        status = await client.call_tool("get_verification_status", {"job_id": job_id, "wait_s": 0.5})
+        assert status.structured_content["state"] == "running"  # still running after waiting 0.5 s
         cancelled = await client.call_tool("cancel_verification", {"job_id": job_id, "wait_s": 60})
     result = cancelled.structured_content
     assert result["state"] == "cancelled", result

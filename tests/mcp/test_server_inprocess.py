@@ -192,3 +192,20 @@ async def test_blocking_verification_reports_progress(server):
     assert [r["mode"] for r in status["report"]["runs"]] == ["baseline", "overlap"]
     assert events and events[-1][0] == events[-1][1]
     assert [e[0] for e in events] == sorted(e[0] for e in events)  # progress never goes back
+
+
+async def test_background_verification_handle(server):
+    async with connect(server, "2026-07-28") as client:
+        started = await client.call_tool("run_verification", {"nproc": 2, "steps": 2, "modes": ["baseline", "overlap"],
+                                                               "background": True})
+        assert not started.is_error, text_of(started)
+        handle = started.structured_content
+        assert handle["state"] == "running" and "wait_s" in handle["next_step"]
+        busy = await client.call_tool("run_verification", {"background": True})
+        assert busy.is_error and handle["job_id"] in text_of(busy)  # one run at a time, named
+        for _ in range(20):
+            status = (await client.call_tool("get_verification_status",
+                                             {"job_id": handle["job_id"], "wait_s": 30})).structured_content
+            if status["state"] != "running":
+                break
+    assert status["state"] == "succeeded" and status["report"]["verdict"] == "passed", status
