@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -85,3 +86,5 @@ def test_stdio_client_gone_ends_the_run(tmp_path, how):
     if how == "close-stdin":
         assert code == 0, session.stderr()[-3000:]
     _wait_for(lambda: not [p for p in ranks if _alive(p)], 10, "ranks to exit")
+    # The ranks inherited the server's stdout descriptor: what they print must not reach the wire.
+    assert all(json.loads(raw).get("jsonrpc") == "2.0" for raw in session.raw_lines)
