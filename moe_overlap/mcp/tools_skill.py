@@ -166,7 +166,8 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
         ("validate_config", ins.ValidateConfigInput, "moe_overlap.skill.validate:ValidationResult", validate_config,
          "Validate a config",
          "Check a training config (object, YAML/JSON text, Megatron-LM flags or a file) against every "
-         "EP-overlap constraint; returns findings with rule id, path, message, fix and source."),
+         "EP-overlap constraint; returns findings with rule id, path, message, fix and source. Versions not "
+         "given are detected on the machine running this server (see `environment` in the result)."),
         ("generate_config", "moe_overlap.skill.generate:GenerateRequest", "moe_overlap.skill.generate:GenerateResult",
          generate_config, "Generate a config",
          "Generate a minimal working EP-overlap config (or a staged rollout) in the requested format; "
