@@ -27,6 +27,19 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _ranks(pid: int | None = None) -> list[int]:
+    """Live verification rank processes under `pid` (default: this test process)."""
+    out = []
+    for child in descendant_pids(pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as fh:
+                if b"moe_overlap.verify.worker" in fh.read():
+                    out.append(child)
+        except OSError:
+            pass
+    return out
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -41,7 +54,7 @@ async def test_cancel_verification_kills_every_rank(server):
         started = await client.call_tool("run_verification", {**LONG_RUN, "background": True})
         assert not started.is_error, text_of(started)
         job_id = started.structured_content["job_id"]
-        ranks = await anyio.to_thread.run_sync(lambda: _wait_for(descendant_pids, 60, "rank processes"))
+        ranks = await anyio.to_thread.run_sync(lambda: _wait_for(_ranks, 60, "rank processes"))
         assert len(ranks) >= 2
         status = await client.call_tool("get_verification_status", {"job_id": job_id, "wait_s": 0.5})
         assert status.structured_content["state"] == "running"  # still running after waiting 0.5 s
@@ -59,10 +72,10 @@ async def test_client_gone_during_blocking_run_kills_every_rank(server):
     async with connect(server, "legacy") as client:
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.call_tool, "run_verification", LONG_RUN)
-            ranks = await anyio.to_thread.run_sync(lambda: _wait_for(descendant_pids, 60, "rank processes"))
+            ranks = await anyio.to_thread.run_sync(lambda: _wait_for(_ranks, 60, "rank processes"))
             tg.cancel_scope.cancel()  # the request is abandoned, then the client disconnects
     assert ranks
-    await anyio.to_thread.run_sync(lambda: _wait_for(lambda: not descendant_pids(), 30, "ranks to exit"))
+    await anyio.to_thread.run_sync(lambda: _wait_for(lambda: not _ranks(), 30, "ranks to exit"))
     assert not [p for p in ranks if _alive(p)]
 
 
@@ -77,7 +90,7 @@ def test_stdio_client_gone_ends_the_run(tmp_path, how):
                       "params": {"name": "run_verification", "arguments": {**LONG_RUN, "background": True}}})
         reply = session.wait_for(2, timeout=60)
         assert reply["result"]["isError"] is False, reply
-        ranks = _wait_for(lambda: descendant_pids(session.proc.pid), 60, "rank processes")
+        ranks = _wait_for(lambda: _ranks(session.proc.pid), 60, "rank processes")
         if how == "sigterm":
             session.proc.send_signal(signal.SIGTERM)
             assert session.proc.wait(60) == 128 + signal.SIGTERM
