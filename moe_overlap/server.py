@@ -74,7 +74,8 @@ def build_server(options: ServerOptions | None = None) -> MCPServer:
                        extensions=[SkillsExtension(skills)], log_level=options.log_level)  # type: ignore[arg-type]
     for entry in resources.registry():
         server.add_resource(FileResource(uri=entry.uri, name=entry.name, description=entry.description,
-                                         mime_type=entry.mime_type, path=entry.path, encoding="utf-8"))
+                                         mime_type=entry.mime_type, path=entry.path,
+                                         encoding="utf-8" if resources.is_text(entry.mime_type) else None))
     tools_skill.register(server, guard, roots)
     tools_verify.register(server, guard, roots, jobs, runs_dir)
     prompts.register(server)

@@ -28,6 +28,10 @@ _MIME = {
     ".yml": "application/yaml",
     ".json": "application/json",
     ".txt": "text/plain",
+    ".log": "text/plain",
+    ".csv": "text/csv",
+    ".toml": "text/plain",
+    ".sh": "text/x-sh",
     ".py": "text/x-python",
 }
 _SKIP_NAMES = {".DS_Store", "__pycache__"}
@@ -55,7 +59,13 @@ class SkillFolder:
 def mime_for(path: Path, *, schema: bool = False) -> str:
     if schema and path.suffix == ".json":
         return "application/schema+json"
-    return _MIME.get(path.suffix.lower(), "text/plain")
+    return _MIME.get(path.suffix.lower(), "application/octet-stream")
+
+
+def is_text(mime_type: str) -> bool:
+    """Served as text (UTF-8); anything else goes out as a base64 blob."""
+    return mime_type.startswith("text/") or mime_type in ("application/yaml", "application/json",
+                                                          "application/schema+json")
 
 
 def _files(folder: Path) -> list[Path]:
