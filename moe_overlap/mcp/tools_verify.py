@@ -121,10 +121,10 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs:
         try:
             return jobs.start(run, description=f"verify nproc={inp.nproc} steps={inp.steps} modes={inp.modes}")
         except JobError as exc:
-            raise ToolError(f"`background`: {exc}.") from None
+            raise ToolError(f"{exc}.") from None
 
     async def run_verification(inp: ins.RunVerificationInput, ctx: Context) -> VerificationStatus:
-        job = start(inp)
+        job = await anyio.to_thread.run_sync(start, inp)  # planning reads files, may probe GPUs
         if inp.background:
             return status_of(job)
         seen, mapper = 0, ProgressMapper()
