@@ -16,6 +16,8 @@ Public contract (the state dict is enough to recompute the layer; docs/ep-implem
     aux_loss = the Switch load-balancing loss of the local tokens (unscaled; the caller scales and adds it)
     With ``z_loss_coeff > 0`` the router z-loss's gradient (times that coeff) is attached to ``out``.
 
+``seed=None`` skips the seeded init (default random init on ``device``; for production-size benchmarks).
+
 ``forward(x, *, group=None, schedule="none"|"chunked", chunks=C, comm_stream=None, wgrad_store=None)``:
 ``group`` defaults to the group given at construction (None: the default group when torch.distributed
 is initialised, else a single process). ``schedule`` picks how communication and compute are ordered
@@ -70,7 +72,7 @@ class MoELayer(nn.Module):
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, topk: int, group=None, *,
                  score: str = "softmax", normalize: bool | None = None, force_balance: bool = False,
-                 z_loss_coeff: float = 0.0, dtype=torch.float32, device=None, seed: int = 0):
+                 z_loss_coeff: float = 0.0, dtype=torch.float32, device=None, seed: int | None = 0):
         super().__init__()
         for name, value in (("hidden", hidden), ("ffn", ffn), ("num_experts", num_experts)):
             if not isinstance(value, int) or value < 1:
@@ -88,6 +90,10 @@ class MoELayer(nn.Module):
         self.ep_rank, self.ep_size = ep_rank, ep_size
         self.router = nn.Linear(hidden, num_experts, bias=False, dtype=dtype, device=device)
         self.experts = GroupedExperts(self.num_local_experts, hidden, ffn, dtype=dtype, device=device)
+        if seed is None:
+            # Production-size benchmarks: the full fp32 [E, D, 2F] draw on the host would cost tens of GB
+            # and minutes per rank; the parameters keep their default random init, made on `device`.
+            return
         shard = shard_full_weights(init_full_weights(hidden, ffn, num_experts, seed), ep_rank, ep_size)
         with torch.no_grad():
             for name, p in self.named_parameters():

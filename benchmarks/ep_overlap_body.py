@@ -1,0 +1,210 @@
+"""What each rank of benchmarks/ep_overlap.py runs: one MoE layer per preset, every schedule, and the
+pieces alone (all-to-alls, expert GEMMs), timed in the same processes so the efficiency is from one run.
+
+Shape legend: T tokens per rank, D hidden, F expert ffn, E global experts, K top-k, S = T*K rows this
+rank receives (balanced routing), L = E / R local experts on each of the R ranks.
+
+What is timed (each measurement starts after a device-wide barrier of all ranks; CUDA events on the
+compute stream, or the host clock on CPU; round 0.. warmup-1 are discarded):
+
+  none        MoELayer(schedule="none"): forward; then backward (autograd), no comm stream
+  chunked:C   MoELayer(schedule="chunked", chunks=C, comm_stream): forward; backward
+  nodes       the same layer through the 1F1B node functions (ep/nodes.py), one micro-batch forward
+              then one backward, every all-to-all waited at once: the sequential reference of 1f1b
+  1f1b        schedule_1f1b.layer_pair: forward of micro-batch k+1 interleaved with the backward of
+              micro-batch k (both T tokens) on one layer, all-to-alls on the comm stream. Not
+              separable into forward and backward: only the pair (= fwd + bwd) is reported
+  1f1b+wgrad  the same with a WgradStore (expert wgrad deferred under the backward dispatch)
+  alone       dispatch a2a, combine a2a and their backward twins (same bytes, swapped splits) on the
+              compute stream; expert forward, dgrad and wgrad GEMMs on the received rows
+
+The layer's "attention" is the identity (block.attention returns x): what is timed is the MoE layer,
+as in Megatron-Core's single-layer moe_perf figures.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+NVLS_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+
+
+class MoEOnlyBlock(nn.Module):
+    """A layer shaped like ep/model.Block for the node machinery, without attention or norms."""
+
+    def __init__(self, moe: nn.Module) -> None:
+        super().__init__()
+        self.moe = moe
+        self.norm2 = nn.Identity()
+
+    def attention(self, x_BSD: torch.Tensor, wgrad_store=None) -> torch.Tensor:
+        return x_BSD
+
+
+class Clock:
+    """Times one call after a barrier of all ranks; keeps every sample under its key."""
+
+    def __init__(self, group, device: torch.device, warmup: int) -> None:
+        self.group, self.device, self.warmup = group, device, warmup
+        self.round = 0
+        self.samples: dict[str, list[float]] = {}
+        self._token = torch.zeros(1, device=device)
+
+    def barrier(self) -> None:
+        # An all-reduce + device sync (NCCL's barrier needs the device ids it is not given here).
+        dist.all_reduce(self._token, group=self.group)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def __call__(self, key: str, fn):
+        import time
+
+        self.barrier()
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            out = fn()
+            ms = (time.perf_counter() - t0) * 1e3
+        if self.round >= self.warmup:
+            self.samples.setdefault(key, []).append(ms)
+        return out
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per key: median and min over rounds of the slowest rank's time (ms)."""
+        out = {}
+        for key in sorted(self.samples):  # same order on every rank: the all-reduces must match
+            t = torch.tensor(self.samples[key], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+            worst = t.cpu().tolist()
+            out[key] = {"median_ms": statistics.median(worst), "min_ms": min(worst), "n": len(worst)}
+        return out
+
+
+def _layer_rows(layer, block, x0, x1, gout, clock, stream, chunk_list):
+    """One round of every schedule; fills the clock."""
+    from moe_overlap.ep.nodes import LayerRun, NodeContext
+    from moe_overlap.ep.schedule_1f1b import layer_backward, layer_forward, layer_pair
+    from moe_overlap.ep.wgrad import WgradStore
+
+    group = clock.group
+    for schedule, chunks in [("none", 1)] + [("chunked", c) for c in chunk_list]:
+        key = "none" if schedule == "none" else f"chunked:{chunks}"
+        layer.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        s = stream if schedule == "chunked" else None
+        out, _ = clock(f"{key}/fwd", lambda x=x, sc=schedule, c=chunks, s=s: layer(x, schedule=sc, chunks=c,
+                                                                                     comm_stream=s))
+        clock(f"{key}/bwd", lambda out=out: out.backward(gout))
+        del out, x
+    x_BSD, x1_BSD, g_BSD = x0.unsqueeze(0), x1.unsqueeze(0), gout.unsqueeze(0)
+    layer.zero_grad(set_to_none=True)
+    ctx = NodeContext(group=group, comm_stream=None, store=None, grad_scale=1.0)
+    run = LayerRun(block, ctx, 0.0)
+    clock("nodes/fwd", lambda: layer_forward(run, x_BSD))
+    clock("nodes/bwd", lambda: layer_backward(run, g_BSD, None))
+    for key, delay in (("1f1b", False), ("1f1b+wgrad", True)):
+        layer.zero_grad(set_to_none=True)
+        store = WgradStore() if delay else None
+        ctx = NodeContext(group=group, comm_stream=stream, store=store, grad_scale=1.0)
+        b, f = LayerRun(block, ctx, 0.0), LayerRun(block, ctx, 0.0)
+        layer_forward(b, x_BSD)  # micro-batch k's forward, untimed
+        clock(f"{key}/pair", lambda f=f, b=b, store=store: layer_pair(f, b, x1_BSD, g_BSD, store))
+        layer_backward(f, g_BSD, store)  # finish micro-batch k+1, untimed (frees its activations)
+        if store is not None:
+            store.run_all()
+    layer.zero_grad(set_to_none=True)
+
+
+def _pieces(layer, x0, clock):
+    """The all-to-alls alone and the expert GEMMs alone, for one forward and one backward."""
+    from moe_overlap.ep.all_to_all import all_to_all_sync
+    from moe_overlap.ep.dispatcher import (
+        exchange_counts,
+        make_dispatch_plan,
+        permute_rows,
+        plan_permute,
+        sort_rows,
+        unsort_rows,
+    )
+    from moe_overlap.ep.experts import experts_dgrad, experts_forward, experts_wgrad
+    from moe_overlap.ep.router import route
+
+    group = clock.group
+    w1, w2 = layer.experts.w1.detach(), layer.experts.w2.detach()
+    with torch.no_grad():
+        routing = route(x0, layer.router.weight, topk=layer.topk, force_balance=True)
+        pplan = plan_permute(routing.experts_TK, layer.num_experts)
+        x_ND = permute_rows(x0, pplan)
+        send, recv = clock("alone/count exchange", lambda: exchange_counts(
+            pplan.tokens_per_expert_E.unsqueeze(0), layer.num_experts, group))
+        plan = make_dispatch_plan(pplan, send[0], recv[0])
+        counts = plan.tokens_per_local_expert
+        recv_x = clock("alone/a2a dispatch", lambda: all_to_all_sync(x_ND, plan.recv_splits, plan.send_splits, group))
+        xs = sort_rows(recv_x, plan)
+        y, h = clock("alone/experts fwd", lambda: experts_forward(xs, w1, w2, counts))
+        yr = unsort_rows(y, plan)
+        clock("alone/a2a combine", lambda: all_to_all_sync(yr, plan.send_splits, plan.recv_splits, group))
+        # Backward: the gradient of the combine travels like a dispatch, that of the dispatch like a combine.
+        g_ND = torch.randn_like(x_ND)
+        g_recv = clock("alone/a2a grad-combine", lambda: all_to_all_sync(g_ND, plan.recv_splits, plan.send_splits,
+                                                                           group))
+        dy = sort_rows(g_recv, plan)
+        dx, wgi = clock("alone/experts dgrad", lambda: experts_dgrad(dy, xs, h, w1, w2, counts))
+        clock("alone/experts wgrad", lambda: experts_wgrad(wgi, w1, w2, counts))
+        dxr = unsort_rows(dx, plan)
+        clock("alone/a2a grad-dispatch", lambda: all_to_all_sync(dxr, plan.send_splits, plan.recv_splits, group))
+    return {"rows_received": int(sum(counts)), "bytes_per_dispatch": int(x_ND.numel() * x_ND.element_size()),
+            "tokens_per_local_expert_min": min(counts), "tokens_per_local_expert_max": max(counts)}
+
+
+def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, warmup, chunk_list):
+    """Runs in every rank: all presets, `warmup + rounds` rounds each. Returns (rank 0's) summaries."""
+    from moe_overlap.ep.layer import MoELayer
+    from moe_overlap.ep.streams import make_comm_stream
+
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    env = {k: os.environ.get(k) for k in NVLS_ENV}
+    if device_type == "cuda" and any(v is None for v in env.values()):
+        raise RuntimeError(f"NVLink multicast must be off in every rank; environment has {env}")
+    dtype = getattr(torch, dtype_name)
+    stream = make_comm_stream(device)
+    results = []
+    for name, shape in presets:
+        # seed=None: no host-side draw of all E experts (45 GB fp32 at the DeepSeek-V3 shape).
+        layer = MoELayer(shape["hidden"], shape["ffn"], shape["experts"], shape["topk"], group,
+                         force_balance=True, dtype=dtype, device=device, seed=None)
+        block = MoEOnlyBlock(layer)
+        gen = torch.Generator().manual_seed(rank)
+        x0, x1, gout = (torch.randn(shape["tokens"], shape["hidden"], generator=gen).to(device, dtype)
+                        for _ in range(3))
+        clock = Clock(group, device, warmup)
+        info = {}
+        for r in range(warmup + rounds):
+            clock.round = r
+            _layer_rows(layer, block, x0, x1, gout, clock, stream, chunk_list)
+            info = _pieces(layer, x0, clock)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            info["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(device))
+            torch.cuda.reset_peak_memory_stats(device)
+        results.append({"preset": name, "shape": shape, "local_experts": layer.num_local_experts,
+                        "expert_path": layer.expert_path(x0), "times": clock.summary(), **info})
+        del layer, block, x0, x1, gout
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    nccl = torch.cuda.nccl.version() if device_type == "cuda" else None
+    versions = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl}
+    return {"results": results, "env": env, "versions": versions, "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device_type == "cuda" else None}
