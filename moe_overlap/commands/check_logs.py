@@ -27,18 +27,33 @@ def _render(res) -> str:
     return "\n".join(lines)
 
 
+def _read_log(path: Path) -> str:
+    if path.is_dir():
+        raise CommandError(f"{path}: is a directory, not a log file", field="LOG")
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise CommandError(f"log file not found: {path}", field="LOG") from None
+    except OSError as exc:
+        raise CommandError(f"{path}: cannot read ({exc.strerror or exc})", field="LOG") from None
+    # A log cut short by a node crash can end in NUL padding, and is exactly what needs checking: only NULs
+    # before that tail (in the head, as grep looks) mean the wrong file (a checkpoint, a core dump).
+    raw = raw.rstrip(b"\x00")
+    if b"\x00" in raw[:8192]:
+        raise CommandError(f"{path}: binary file (NUL bytes), not a text log", field="LOG")
+    # Logs mix encodings (progress bars, locale output): undecodable bytes must not stop the check.
+    return raw.decode("utf-8", errors="replace")
+
+
 def run(args) -> int:
     import sys
 
     from moe_overlap.skill.logs import check_training_log
 
-    if args.log == "-":
-        text = sys.stdin.read()
-    else:
-        path = Path(args.log)
-        if not path.is_file():
-            raise CommandError(f"log file not found: {path}", field="LOG")
-        text = path.read_bytes().decode("utf-8", errors="replace")
+    text = sys.stdin.read() if args.log == "-" else _read_log(Path(args.log))
+    if not text.strip():
+        raise CommandError(f"{args.log}: the log is empty, nothing to check", field="LOG",
+                           fix="give the training log (stdout/stderr of rank 0)")
     res = check_training_log(text, expect_overlap=_EXPECT[args.expect_overlap],
                              expect_delay_wgrad=_EXPECT[args.expect_delay_wgrad])
     emit(res, args.format, _render(res))

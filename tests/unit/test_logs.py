@@ -133,3 +133,31 @@ def test_cli_check_logs(tmp_path):
     out = subprocess.run(run + [str(bad), "--format", "json"], capture_output=True, text=True)
     assert out.returncode == 1 and '"ok": false' in out.stdout
     assert subprocess.run(run + [str(tmp_path / "missing.log")], capture_output=True).returncode == 2
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "is a directory"),
+    (b"\x7fELF\x02\x01\x00\x00 binary", "binary file"),
+    (b"", "empty"),
+    (b"  \n\n", "empty"),
+])
+def test_cli_check_logs_bad_input_exit_2(tmp_path, capsys, content, expected):
+    from moe_overlap.cli import main
+
+    path = tmp_path / "x.log"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert main(["check-logs", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
+def test_cli_check_logs_nul_padding_after_a_crash_is_still_read(tmp_path, capsys):
+    from moe_overlap.cli import main
+
+    path = tmp_path / "crashed.log"
+    text = MEGATRON_LM.format(wgrad=True, backend=None, dispatcher="alltoall", overlap=True)
+    path.write_bytes(text.encode() + b"\x00" * 4096)
+    assert main(["check-logs", str(path)]) == 0
