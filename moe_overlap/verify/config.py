@@ -9,11 +9,9 @@ overlap flags) on a small model. What cannot be mapped is listed in ``notes``, n
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 FORMAT = "moe-overlap"
@@ -194,32 +192,19 @@ def _as_error(exc: ValidationError) -> VerifyConfigError:
 
 
 def read_source(source: str | Path | dict[str, Any]) -> dict[str, Any]:
-    """A YAML/JSON file or a dict; clear errors for unreadable input."""
+    """A YAML/JSON file or a dict; clear errors for unreadable input (the validator's reader: line and
+    column of syntax errors, duplicate keys, size limit, binary input)."""
     if isinstance(source, dict):
         return source
+    from moe_overlap.skill.config_load import ConfigError, read_file
+
     path = Path(source)
-    if not path.is_file():
+    if not path.exists():
         raise VerifyConfigError(f"config file not found: {path}", field="CONFIG", fix="give an existing YAML/JSON file")
     try:
-        from moe_overlap.skill.config_load import ConfigError, read_file
-    except ImportError:
-        read_file = None
-    if read_file is not None:  # the validator's reader: line/column, duplicate keys, size, binary input
-        try:
-            return read_file(path)
-        except ConfigError as exc:
-            raise VerifyConfigError(f"{path}: {exc}", field=exc.field or "CONFIG", fix=exc.fix) from None
-    if path.stat().st_size > 1_000_000:
-        raise VerifyConfigError(f"config file over 1 MB: {path}", field="CONFIG")
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise VerifyConfigError(f"cannot parse {path}: {exc}", field="CONFIG",
-                                fix="the config must be a YAML or JSON mapping") from None
-    if not isinstance(data, dict):
-        raise VerifyConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}", field="CONFIG")
-    return data
+        return read_file(path)
+    except ConfigError as exc:  # its message already names the file
+        raise VerifyConfigError(exc.message, field=exc.field or "CONFIG", fix=exc.fix) from None
 
 
 def load_verify_config(source: str | Path | dict[str, Any] | None) -> tuple[VerifyConfig, list[str], str]:

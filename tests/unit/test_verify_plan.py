@@ -77,3 +77,22 @@ def test_planning_is_torch_free(tmp_path):
             "from moe_overlap.verify.options import VerifyOptions; import moe_overlap.verify.api; "
             f"validate_modes(make_plan(VerifyOptions(out={str(tmp_path)!r}))); assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "adir: is a directory, not a config file"),
+    (b"\x00\x01binary", "adir: binary file (NUL bytes)"),
+    (b"", "adir: empty config"),
+])
+def test_unreadable_config_file_one_message_naming_it_once(tmp_path, content, expected):
+    from moe_overlap.verify.config import VerifyConfigError
+
+    path = tmp_path / "adir"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(VerifyConfigError) as err:
+        load_verify_config(path)
+    message = str(err.value)
+    assert message.startswith(str(tmp_path / expected)) and message.count("adir") == 1
