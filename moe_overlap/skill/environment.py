@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from moe_overlap.skill.config_load import ConfigError
-from moe_overlap.skill.versions import installed_version, parse_version
+from moe_overlap.skill.versions import installed_version, is_version_number, parse_version
 
 Source = Literal["given", "detected", "unknown"]
 
@@ -85,7 +85,7 @@ def detect_environment(*, torch_version: str | None = None, te_version: str | No
                        detect: bool = True) -> Environment:
     """Given values win; the rest is detected when `detect`, else left unknown."""
     for name, value in (("torch_version", torch_version), ("te_version", te_version)):
-        if value is not None and parse_version(value) is None:
+        if value is not None and not is_version_number(value):
             raise ConfigError(f"{name} {value!r} is not a version number", field=name, fix="e.g. 2.6.0")
     out = Environment()
     if torch_version is not None:

@@ -13,7 +13,7 @@ from moe_overlap.skill.config_load import ConfigError
 from moe_overlap.skill.environment import parse_gpu
 from moe_overlap.skill.flex import BACKENDS, backend_supported
 from moe_overlap.skill.presets import ModelPreset, PresetError, get_preset
-from moe_overlap.skill.versions import at_least, parse_version
+from moe_overlap.skill.versions import at_least, is_version_number
 
 if TYPE_CHECKING:
     from moe_overlap.skill.generate import GenerateRequest
@@ -209,7 +209,7 @@ def resolve(req: GenerateRequest) -> Resolved:
     _gpu(req)  # an unknown GPU name is a malformed request, whatever the stage
     for name in ("torch_version", "te_version", "megatron_core_version"):
         value = getattr(req, name)
-        if value is not None and parse_version(value) is None:
+        if value is not None and not is_version_number(value):
             raise GenerateError(f"{name} {value!r} is not a version number", field=name, fix="e.g. 2.6.0")
     preset, experts, topk, layers = _model(req)
     ep, dp = _layout(req, experts)

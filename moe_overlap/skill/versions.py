@@ -31,6 +31,15 @@ def parse_version(text: str | None) -> tuple[int, int, int, int] | None:
     return (major, minor, patch, -1 if m.group(4) else 0)
 
 
+def is_version_number(text: str) -> bool:
+    """A version a user typed: the whole string must read as one ('2.6.0', '2.7.0rc1', '2.6.0+cu124'),
+    so that '2.x' or '2.6-ish' are refused rather than read as 2.0 or 2.6 (parse_version alone is lenient,
+    for versions found in package metadata)."""
+    m = _VERSION.match(str(text))
+    rest = str(text)[m.end():].strip() if m else None
+    return m is not None and (rest == "" or rest.startswith("+") or re.fullmatch(r"\.?post\d*", rest) is not None)
+
+
 def at_least(version: str | None, minimum: str) -> bool | None:
     """True/False, or None when `version` is unknown or unreadable (the caller must say so, never pass)."""
     have, need = parse_version(version), parse_version(minimum)
@@ -72,7 +81,7 @@ def select_core(requested: str | None = None) -> CoreSelection:
         return CoreSelection(NEWEST, None, "default",
                              "megatron-core not installed and no --megatron-core-version: newest known rules")
     parsed = parse_version(requested)
-    if parsed is None:
+    if parsed is None or (source == "given" and not is_version_number(requested)):
         from moe_overlap.skill.config_load import ConfigError
 
         raise ConfigError(f"megatron-core version {requested!r} is not a version number",

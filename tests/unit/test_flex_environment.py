@@ -116,3 +116,17 @@ def test_versions():
     assert "older than" in select_core("0.12.0").note
     with pytest.raises(ConfigError, match="not a version number"):
         select_core("latest")
+
+
+@pytest.mark.parametrize("given", [{"te_version": "2.x"}, {"torch_version": "2.6-ish"},
+                                   {"megatron_core_version": "0.x"}])
+def test_typed_version_must_be_a_whole_version_number(given):
+    # parse_version alone would read '2.x' as 2.0 and judge the TE rules against a version nobody has.
+    with pytest.raises(ConfigError, match="not a version number"):
+        validate_config({"model": {"expert_model_parallel_size": 2}}, env={}, detect=False, **given)
+
+
+@pytest.mark.parametrize("text", ["2.6.0", "2.7.0rc1", "2.6.0+cu124", "2.7.0.dev0", "2.6.0.post1", "v2.6"])
+def test_typed_version_forms_that_are_accepted(text):
+    assert validate_config({"model": {"expert_model_parallel_size": 2}}, env={}, detect=False,
+                           te_version=text).environment.te_version == text

@@ -243,6 +243,7 @@ def test_flex_backend_follows_the_gpu():
     (["--ep", "4", "--experts", "64", "--pp", "2"], "num_layers"),
     (["--ep", "0", "--experts", "64"], "ep"),
     (["--preset", "mixtral-8x7b", "--gpus", "12", "--pp", "8"], "gpus"),
+    (["--ep", "4", "--experts", "64", "--te-version", "2.x"], "te_version"),
 ])
 def test_malformed_requests_exit_2_naming_the_field(capsys, argv, field):
     code, out, err = _cli(capsys, argv)
