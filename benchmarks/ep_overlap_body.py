@@ -177,6 +177,8 @@ def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, war
     env = {k: os.environ.get(k) for k in NVLS_ENV}
     if device_type == "cuda" and any(v is None for v in env.values()):
         raise RuntimeError(f"NVLink multicast must be off in every rank; environment has {env}")
+    # Recorded, not required: CUDA's default (8) lets the comm stream's kernels run beside the GEMMs.
+    env["CUDA_DEVICE_MAX_CONNECTIONS"] = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
     dtype = getattr(torch, dtype_name)
     stream = make_comm_stream(device)
     results = []

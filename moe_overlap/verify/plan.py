@@ -119,6 +119,12 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
                          f"has ({capacity}); running EP {nproc}")
     if nproc != cfg.expert_model_parallel_size:
         updates["expert_model_parallel_size"] = nproc
+    if kind == "default" and options.device == "cuda" and cfg.precision == "fp32":
+        # The embedded model's fp32 default exists for the bitwise CPU check; on GPU verify what Megatron-Core
+        # runs (its overlap requires bf16 or fp16). A user config keeps the precision it gives.
+        updates["precision"] = "bf16"
+        notes.append("embedded model on --device cuda: precision bf16 (pass a config with precision: fp32 "
+                     "for an fp32 run)")
     if kind == "default" and cfg.num_moe_experts % nproc:
         # The embedded model keeps two experts per rank whatever the rank count (a user config is not rescaled).
         updates["num_moe_experts"] = 2 * nproc

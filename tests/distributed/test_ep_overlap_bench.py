@@ -66,7 +66,8 @@ def test_smoke_json_has_every_row_and_sane_numbers(smoke):
 def test_every_rank_ran_with_nvlink_multicast_off(smoke):
     assert len(smoke["rank_env"]) == 2
     for env in smoke["rank_env"]:
-        assert env == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+        assert {k: env[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")} \
+            == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def _times(**ms):
@@ -93,11 +94,13 @@ def test_efficiency_is_the_documented_formula():
 
 def test_megatron_proxy_comparison_only_for_the_proxy_shape():
     mod = _module()
-    rows = [{"schedule": "none", "fwd_ms": 3.56, "bwd_ms": 5.24, "total_ms": 8.8}]
+    rows = [{"schedule": "none", "fwd_ms": 3.56, "bwd_ms": 5.24, "total_ms": 8.8},
+            {"schedule": "1f1b", "fwd_ms": None, "bwd_ms": None, "total_ms": 7.0}]
     assert mod.megatron_comparison("deepseek-v3", 8, rows) is None
     m = mod.megatron_comparison("dsv3-proxy", 8, rows)
     assert m["fwd_ms"] == 7.12 and m["bwd_ms"] == 10.48 and m["comparable_world"]
     assert m["fwd_ratio_ours_over_megatron"] == pytest.approx(0.5)
+    assert m["megatron_total_ms"] == pytest.approx(17.6) and m["ours_best_schedule"] == "1f1b"
     assert not mod.megatron_comparison("dsv3-proxy", 4, rows)["comparable_world"]
 
 
