@@ -32,6 +32,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -41,17 +42,26 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+SECTIONS = ["experts", "permute", "layer", "megatron", "step"]
 SHAPES = {
     "qwen3-30b-a3b": dict(hidden=2048, ffn=768, experts=16, tokens=4096, topk=8),
     "deepseek-v3": dict(hidden=7168, ffn=2048, experts=32, tokens=4096, topk=8),
 }
 
 
-def cuda_time(fn, warmup: int = 3, iters: int = 10) -> dict:
-    """Median/min ms of fn over `iters` back-to-back iterations (events between them)."""
+def cuda_time(fn, warmup: int = 3, iters: int = 10, min_warm_ms: float = 30.0) -> dict:
+    """Median/min ms of fn over `iters` back-to-back iterations (events between them).
+
+    Warm-up runs `warmup` calls and then keeps going until `min_warm_ms` of wall time have passed, so that
+    short kernels measured right after a host-bound section do not run at ramping clocks.
+    """
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < min_warm_ms:
+        fn()
+        torch.cuda.synchronize()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     events[0].record()
     for i in range(iters):
@@ -257,8 +267,7 @@ def sweep_unpermute(y, g, probs, plan, fwd_bytes, bwd_bytes, copy_gbps) -> dict:
 
 def profile_iter(fn, iters: int = 3) -> dict:
     """Wall time per iteration vs GPU kernel time per iteration (torch.profiler), top host ops."""
-    import time
-
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -273,32 +282,17 @@ def profile_iter(fn, iters: int = 3) -> dict:
             fn()
         torch.cuda.synchronize()
     avg = prof.key_averages()
-    gpu_us = sum(e.self_device_time_total for e in avg) / iters
+    # Kernels only (device-side events); the CPU-side op entries carry the same device time again.
+    gpu_us = sum(e.self_device_time_total for e in avg if e.device_type == DeviceType.CUDA) / iters
     top_cpu = sorted(avg, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
-    top_gpu = sorted(avg, key=lambda e: e.self_device_time_total, reverse=True)[:12]
+    top_gpu = sorted((e for e in avg if e.device_type == DeviceType.CUDA),
+                     key=lambda e: e.self_device_time_total, reverse=True)[:10]
     return {"wall_ms": round(wall_ms, 3), "gpu_kernel_ms": round(gpu_us / 1e3, 3),
             "gpu_busy_frac": round(gpu_us / 1e3 / wall_ms, 3),
             "host_ops_per_iter": round(sum(e.count for e in avg if e.self_cpu_time_total > 0) / iters, 1),
             "top_self_cpu": [(e.key, e.count // iters, round(e.self_cpu_time_total / iters / 1e3, 3)) for e in top_cpu],
-            "top_self_gpu": [(e.key, e.count // iters, round(e.self_device_time_total / iters / 1e3, 3))
+            "top_self_gpu": [(e.key[:60], e.count // iters, round(e.self_device_time_total / iters / 1e3, 3))
                              for e in top_gpu]}
-
-
-@contextlib.contextmanager
-def sync_free_bincount():
-    """Ablation: torch.bincount (a host sync on CUDA, used by the router) replaced by a sync-free count."""
-    real = torch.bincount
-
-    def counted(x, weights=None, minlength=0):
-        if weights is None and minlength and x.is_cuda:
-            return (x.reshape(-1, 1) == torch.arange(minlength, device=x.device)).sum(0)
-        return real(x, weights=weights, minlength=minlength)
-
-    torch.bincount = counted
-    try:
-        yield
-    finally:
-        torch.bincount = real
 
 
 def host_syncs(fn) -> list[str]:
@@ -306,10 +300,11 @@ def host_syncs(fn) -> list[str]:
     found = []
 
     def show(message, category, filename, lineno, file=None, line=None):
-        frames = [f for f in traceback.extract_stack()[:-1] if "/moe_overlap/" in f.filename]
-        where = f"{frames[-1].filename.split('/moe_overlap/')[-1]}:{frames[-1].lineno} {frames[-1].name}" \
-            if frames else f"{filename}:{lineno}"
-        found.append(f"{where}: {str(message)[:80]}")
+        if "prototype feature" in str(message):
+            return
+        # The three innermost Python frames: which line of ours, through which helper.
+        frames = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith("warnings.py")][-3:]
+        found.append(" <- ".join(f"{f.filename.split('/')[-1]}:{f.lineno} {f.name}" for f in reversed(frames)))
 
     torch.cuda.synchronize()
     with warnings.catch_warnings():
@@ -324,6 +319,24 @@ def host_syncs(fn) -> list[str]:
             warnings.showwarning = old_show
     torch.cuda.synchronize()
     return found
+
+
+def syncs_only(shape: dict, group) -> dict:
+    """Host syncs of one layer forward+backward, forced-balance and top-k routing, none and chunked."""
+    from moe_overlap.ep.layer import MoELayer
+
+    D, F, E, T, K = shape["hidden"], shape["ffn"], shape["experts"], shape["tokens"], shape["topk"]
+    out = {}
+    for balance in (True, False):
+        layer = MoELayer(D, F, E, K, group, force_balance=balance, dtype=torch.bfloat16, device="cuda")
+        x = torch.randn(T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for schedule, chunks in (("none", 1), ("chunked", 2)):
+            def fb(schedule=schedule, chunks=chunks, layer=layer, x=x):
+                y, _ = layer(x, schedule=schedule, chunks=chunks)
+                y.backward(torch.ones_like(y))
+            fb()
+            out[f"{schedule}{chunks}_balanced={balance}"] = host_syncs(fb)
+    return out
 
 
 def bench_layer(shape: dict, group) -> dict:
@@ -358,8 +371,6 @@ def bench_layer(shape: dict, group) -> dict:
         with env("MOE_OVERLAP_FUSED", "0"):
             row["fwd_bwd_torch_elementwise"] = cuda_time(fwd_bwd)
         row["host_syncs_fwd_bwd"] = host_syncs(fwd_bwd)
-        with sync_free_bincount():
-            row["fwd_bwd_router_sync_free"] = cuda_time(fwd_bwd)
         if chunks <= 2:
             row["profile_fwd_bwd"] = profile_iter(fwd_bwd)
         res[name] = row
@@ -416,6 +427,62 @@ def bench_megatron(shape: dict) -> dict:
     return res
 
 
+def bench_step(group, rounds: int = 40, batch: int | None = None) -> dict:
+    """Training step (benchmarks/step.py's "gpu" model, balanced routing) per schedule, modes interleaved
+    round by round; CUDA events; the median over rounds of each mode's time relative to "none"."""
+    from benchmarks.step import PRESETS
+    from moe_overlap.ep.model import ModelConfig, MoETransformer
+    from moe_overlap.ep.step import forward_backward
+    from moe_overlap.ep.streams import make_comm_stream
+
+    preset = dict(PRESETS["gpu"], **({"batch": batch} if batch else {}))
+    cfg = ModelConfig(**{k: v for k, v in preset.items() if k not in ("batch", "seq", "micro_batches")},
+                      force_balance=True)
+    model = MoETransformer(cfg, group).to(device="cuda", dtype=torch.bfloat16)
+    stream = make_comm_stream("cuda")
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(preset["micro_batches"]):
+        tok = torch.randint(0, cfg.vocab_size, (preset["batch"], preset["seq"] + 1), generator=gen).cuda()
+        batches.append((tok[:, :-1].contiguous(), tok[:, 1:].contiguous()))
+    modes = {"none": ("none", False), "chunked": ("chunked", False), "1f1b": ("1f1b", False),
+             "1f1b+wgrad": ("1f1b", True)}
+    times = {m: [] for m in modes}
+    peak = dict.fromkeys(modes, 0)
+
+    def step(schedule, delay):
+        forward_backward(model, batches, schedule=schedule, delay_wgrad=delay, chunks=2, group=group,
+                         streams=stream)
+
+    for r in range(rounds + 2):  # two warm-up rounds
+        for name, (schedule, delay) in modes.items():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step(schedule, delay)
+            end.record()
+            torch.cuda.synchronize()
+            if r >= 2:
+                times[name].append(start.elapsed_time(end))
+                peak[name] = max(peak[name], torch.cuda.max_memory_allocated())
+    out = {"config": {**preset, "force_balance": True, "chunks": 2, "dtype": "bfloat16"}, "rounds": rounds, "modes": {}}
+    for name in modes:
+        ratios = [t / n for t, n in zip(times[name], times["none"], strict=True)]
+        out["modes"][name] = {"median_ms": statistics.median(times[name]), "min_ms": min(times[name]),
+                              "vs_none_median_of_ratios": round(statistics.median(ratios), 3),
+                              "peak_memory_bytes": peak[name]}
+        # Where the step is host-bound (GPU busy well under 1), wall time measures host jitter as much as
+        # the schedule; the GPU kernel time of a profiled step says what work the schedule adds.
+        prof = profile_iter(lambda s=modes[name]: step(*s), iters=2)
+        out["modes"][name]["profile"] = {k: v for k, v in prof.items() if not k.startswith("top")}
+        out["modes"][name]["profile"]["top_self_cpu"] = prof["top_self_cpu"][:8]
+    gpu_none = out["modes"]["none"]["profile"]["gpu_kernel_ms"]
+    for row in out["modes"].values():
+        row["gpu_kernel_vs_none"] = round(row["profile"]["gpu_kernel_ms"] / gpu_none, 3)
+    return out
+
+
 def guarded(results: dict, key: str, fn, *args):
     try:
         results[key] = fn(*args)
@@ -429,6 +496,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_layer.json")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--skip-megatron", action="store_true")
+    ap.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
+    ap.add_argument("--step-batch", type=int, default=None, help="micro-batch size of the step (preset: 4)")
+    ap.add_argument("--step-rounds", type=int, default=40)
+    ap.add_argument("--syncs-only", action="store_true", help="only list the layer's host syncs (with stacks)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: run this on the GPU machine", file=sys.stderr)
@@ -446,6 +517,12 @@ def main() -> int:
            "versions": {"python": platform.python_version(), "torch": torch.__version__,
                         "cuda": torch.version.cuda},
            "timing": "CUDA events, back-to-back iterations after warm-up, median", "shapes": {}}
+    if a.syncs_only:
+        for name in a.shapes:
+            guarded(res["shapes"], name, syncs_only, SHAPES[name], dist.group.WORLD)
+        print(json.dumps(res["shapes"], indent=1))
+        a.out.write_text(json.dumps(res, indent=2, default=str) + "\n")
+        return 0
     guarded(res, "ceilings", ceilings)
     copy_gbps = res["ceilings"].get("copy_GBps", 4300.0)
 
@@ -456,13 +533,15 @@ def main() -> int:
     for name in a.shapes:
         shape = SHAPES[name]
         r = res["shapes"][name] = {"shape": shape}
-        guarded(r, "experts", bench_experts, shape)
-        guarded(r, "permute", bench_permute, shape, copy_gbps)
-        guarded(r, "layer", bench_layer, shape, dist.group.WORLD)
-        if not a.skip_megatron:
-            guarded(r, "megatron", bench_megatron, shape)
+        for key, fn, args in (("experts", bench_experts, (shape,)), ("permute", bench_permute, (shape, copy_gbps)),
+                              ("layer", bench_layer, (shape, dist.group.WORLD)),
+                              ("megatron", bench_megatron, (shape,))):
+            if key in a.sections and not (key == "megatron" and a.skip_megatron):
+                guarded(r, key, fn, *args)
         torch.cuda.empty_cache()
         save()
+    if "step" in a.sections:
+        guarded(res, "step", bench_step, dist.group.WORLD, a.step_rounds, a.step_batch)
     save()
     print_table(res)
     dist.destroy_process_group()
@@ -495,6 +574,13 @@ def print_table(res: dict) -> None:
         m = r.get("megatron", {})
         print(f"  megatron: {m.get('fwd', {}).get('median_ms')} / {m.get('fwd_bwd', {}).get('median_ms')} ms "
               f"{m.get('error', '')}")
+    for name, row in res.get("step", {}).get("modes", {}).items():
+        busy = row.get("profile", {}).get("gpu_busy_frac", "")
+        print(f"step {name:<11} {row['median_ms']:8.2f} ms (min {row['min_ms']:.2f})  vs none "
+              f"{row['vs_none_median_of_ratios']:.3f}  peak {row['peak_memory_bytes'] / 2**20:.0f} MiB  gpu busy {busy}"
+              f"  gpu kernels vs none {row.get('gpu_kernel_vs_none')}")
+    if "error" in res.get("step", {}):
+        print("step error", res["step"]["error"])
 
 
 if __name__ == "__main__":

@@ -162,7 +162,8 @@ def weighted_gather_sum_backward(g_TD: torch.Tensor, y_ND: torch.Tensor, inv_per
     num_tokens, topk = p.shape
     dim = y.shape[1]
     g_y = y.new_empty(y.shape)
-    g_p = torch.zeros((num_tokens, topk), dtype=torch.float32, device=y.device)
+    # The kernel writes every (t, k); with D == 0 the dot products are empty sums (zeros).
+    g_p = (torch.empty if dim else torch.zeros)((num_tokens, topk), dtype=torch.float32, device=y.device)
     if num_tokens and dim:
         block_d = block_d or min(BWD_BLOCK_D, triton.next_power_of_2(dim))
         _unpermute_bwd_kernel[(num_tokens,)](g, y, inv_perm_N, p, g_y, g_p, dim, K=topk,
