@@ -64,7 +64,11 @@ def _int(flag: str, value: str) -> int:
 
 def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
     """Megatron-LM flags -> ({section: {field: value}}, [(flag, note)] for flags we do not read)."""
-    tokens = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    try:
+        tokens = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
+        raise ConfigError(f"argv: cannot split the flags into words ({exc})", field="argv",
+                          fix="close the quote or escape it, as a shell would need") from None
     sections: dict[str, dict[str, Any]] = {}
     unknown: list[tuple[str, str]] = []
     i = 0

@@ -76,6 +76,17 @@ def test_argv_bad_integer_names_the_flag():
         parse_config(argv=["--expert-model-parallel-size", "eight"])
 
 
+@pytest.mark.parametrize("argv", ['--num-experts 8 --data-path "/a b', "--bf16 trailing\\"])
+def test_argv_that_a_shell_cannot_split_is_a_config_error(argv, capsys):
+    with pytest.raises(ConfigError, match="cannot split the flags") as err:
+        parse_config(argv=argv)
+    assert err.value.field == "argv"
+    from moe_overlap.cli import main
+
+    assert main(["validate", "--argv", argv]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_unknown_keys_kept_with_did_you_mean():
     cfg = parse_config({"model": {"expert_model_paralel_size": 8, "moe_router_topk": 8, "overlap_grad_reduce": True},
                         "optimizer": {"lr": 1e-4}, "modle": {}})
