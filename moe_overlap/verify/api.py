@@ -29,7 +29,7 @@ from moe_overlap.verify.judge import (
 )
 from moe_overlap.verify.launcher import LaunchResult, launch
 from moe_overlap.verify.options import VerifyOptions
-from moe_overlap.verify.plan import Plan, VerifyInputError, make_plan, validate_modes
+from moe_overlap.verify.plan import Plan, VerifyInputError, make_plan, prepare_out, validate_modes
 from moe_overlap.verify.records import mode_log_path
 from moe_overlap.verify.report import write_outputs
 from moe_overlap.verify.report_model import (
@@ -140,9 +140,7 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.monotonic()
     plan = make_plan(options)  # raises VerifyInputError: nothing launched yet
-    plan.out.mkdir(parents=True, exist_ok=True)
-    config_path = plan.out / "config.json"
-    config_path.write_text(plan.cfg.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    config_path = prepare_out(plan)  # raises VerifyInputError too
     validation = validate_modes(plan)
 
     progress_broken: list[str] = []

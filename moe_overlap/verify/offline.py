@@ -15,7 +15,7 @@ from typing import Any
 from moe_overlap.verify.config import VerifyConfig
 from moe_overlap.verify.launcher import LaunchResult
 from moe_overlap.verify.modes import ModeSpec
-from moe_overlap.verify.plan import Plan, VerifyInputError, validate_modes
+from moe_overlap.verify.plan import Plan, VerifyInputError, prepare_out, validate_modes
 from moe_overlap.verify.records import read_all, records_path
 from moe_overlap.verify.report_model import VerificationReport
 
@@ -24,8 +24,7 @@ PLAN_FILE = "plan.json"
 
 def write_plan(plan: Plan) -> Path:
     """Everything `judge_run_dir` needs to rebuild the plan (config.json is written beside it)."""
-    plan.out.mkdir(parents=True, exist_ok=True)
-    (plan.out / "config.json").write_text(plan.cfg.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    prepare_out(plan)
     data = {"config_source": plan.config_source, "config_kind": plan.config_kind, "nproc": plan.nproc,
             "device": plan.device, "specs": [s.to_dict() for s in plan.specs], "notes": plan.notes,
             "mapping_notes": plan.mapping_notes,

@@ -146,6 +146,19 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
                 mapping_notes=mapping_notes)
 
 
+def prepare_out(plan: Plan) -> Path:
+    """Create the output folder and write config.json (what the ranks read); an --out that cannot be
+    written is bad input, found before anything is launched."""
+    path = plan.out / "config.json"
+    try:
+        plan.out.mkdir(parents=True, exist_ok=True)
+        path.write_text(plan.cfg.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise VerifyInputError(f"--out {plan.out}: cannot write there ({exc.strerror or exc})", field="out",
+                               fix="choose a folder you can write to") from None
+    return path
+
+
 def validate_modes(plan: Plan) -> dict[str, Any]:
     """Criterion 1's evidence: the validator's result for the config of every overlap mode."""
     try:

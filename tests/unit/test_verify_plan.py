@@ -96,3 +96,24 @@ def test_unreadable_config_file_one_message_naming_it_once(tmp_path, content, ex
         load_verify_config(path)
     message = str(err.value)
     assert message.startswith(str(tmp_path / expected)) and message.count("adir") == 1
+
+
+def test_unwritable_out_is_bad_input_before_launch(tmp_path):
+    from moe_overlap.verify.plan import prepare_out
+
+    (tmp_path / "file").write_text("not a folder")
+    plan = make_plan(VerifyOptions(out=tmp_path / "file" / "run"))
+    with pytest.raises(VerifyInputError, match="cannot write there") as err:
+        prepare_out(plan)
+    assert err.value.field == "out"
+    ok = make_plan(VerifyOptions(out=tmp_path / "run"))
+    assert prepare_out(ok).read_text().startswith("{")
+
+
+def test_cli_unwritable_out_exits_2_without_traceback(tmp_path, capsys):
+    from moe_overlap.cli import main
+
+    (tmp_path / "file").write_text("not a folder")
+    assert main(["verify", "--out", str(tmp_path / "file" / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write there" in err and "Traceback" not in err
