@@ -182,7 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in NVLS_OFF.items():  # inherited by every spawned rank
         os.environ.setdefault(k, v)
     backend = "nccl" if args.device == "cuda" else "gloo"
-    per_rank = run_ranks(__import__("benchmarks.ep_overlap_body", fromlist=["bench_body"]).bench_body, world,
+    # A top-level module (not benchmarks.<x>, a namespace package any installed `benchmarks` would shadow):
+    # spawned NCCL ranks unpickle bench_body by module name, with this process's sys.path.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from ep_overlap_body import bench_body
+
+    per_rank = run_ranks(bench_body, world,
                          args=([(n, PRESETS[n]) for n in names], args.device, dtype, rounds, warmup, chunk_list),
                          timeout=args.timeout, backend=backend)
     first = per_rank[0]
