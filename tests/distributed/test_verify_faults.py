@@ -126,9 +126,11 @@ def test_launcher_killed_leaves_no_rank(tmp_path, monkeypatch):
     token = new_token(monkeypatch)
     proc = subprocess.Popen(_LONG_RUN + ["--out", str(tmp_path)], stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ))
+    seen_step = False
     try:
         for line in proc.stderr:
             if " step " in line:
+                seen_step = True
                 break
         proc.kill()
         proc.wait(timeout=10)
@@ -138,4 +140,6 @@ def test_launcher_killed_leaves_no_rank(tmp_path, monkeypatch):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and processes_with_token(token):
         time.sleep(0.2)
+    # Without a step the launcher died early: the kill never hit running ranks and proves nothing.
+    assert seen_step, "the run never reached a step before the launcher was killed"
     assert_no_orphans(token)
