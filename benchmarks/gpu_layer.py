@@ -491,6 +491,15 @@ def guarded(results: dict, key: str, fn, *args):
     print(f"[{key}] done", flush=True)
 
 
+def _version(dist_name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist_name)
+    except PackageNotFoundError:
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_layer.json")
@@ -515,7 +524,8 @@ def main() -> int:
            "machine": {"gpu": torch.cuda.get_device_name(), "platform": platform.platform(),
                        "cpu_count": os.cpu_count()},
            "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                        "cuda": torch.version.cuda},
+                        "cuda": torch.version.cuda, "triton": _version("triton"),
+                        "megatron-core": _version("megatron-core")},
            "timing": "CUDA events, back-to-back iterations after warm-up, median", "shapes": {}}
     if a.syncs_only:
         for name in a.shapes:
