@@ -126,6 +126,8 @@ def print_preset(p: dict, world: int) -> None:
     print(f"alone: comm fwd {a['comm_fwd_ms']:.2f} + bwd {a['comm_bwd_ms']:.2f} = {a['comm_ms']:.2f} ms; "
           f"experts fwd {a['compute_fwd_ms']:.2f} + bwd {a['compute_bwd_ms']:.2f} = {a['compute_ms']:.2f} ms; "
           f"count exchange {a['count_exchange_ms']:.2f} ms; {p['bytes_per_dispatch'] / 1e6:.1f} MB per dispatch")
+    print("agreement (relative L2, 0 = bitwise): " + "; ".join(f"{k} {v:.1e}"
+                                                              for k, v in p["agreement_rel_l2"].items()))
     m = p.get("megatron")
     if m:
         print(f"vs Megatron-Core {m['gpu']} EP{m['world']} alltoall {m['fwd_ms']}/{m['bwd_ms']} ms: ours (none) "
@@ -197,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         p.update(derive(res, chunk_list))
         p["median_ms"] = res["times"]
         p["megatron"] = megatron_comparison(res["preset"], world, p["rows"])
+        agree = [r["results"][i]["agreement_rel_l2"] for r in per_rank]
+        p["agreement_rel_l2"] = {k: max(a[k] for a in agree) for k in agree[0]}  # worst rank
         if "peak_memory_bytes" in res:
             p["peak_memory_bytes"] = max(r["results"][i]["peak_memory_bytes"] for r in per_rank)
         presets.append(p)

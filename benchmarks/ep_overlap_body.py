@@ -168,6 +168,38 @@ def _pieces(layer, x0, clock):
             "tokens_per_local_expert_min": min(counts), "tokens_per_local_expert_max": max(counts)}
 
 
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def _agreement(layer, block, x0, x1, gout, group, stream, chunks: int) -> dict[str, float]:
+    """Untimed: the overlapped paths compute what the sequential ones do (a stream race that made them
+    fast and wrong would show here). Relative L2 differences; 0.0 means bitwise equal."""
+    from moe_overlap.ep.nodes import LayerRun, NodeContext
+    from moe_overlap.ep.schedule_1f1b import layer_backward, layer_forward, layer_pair
+
+    with torch.no_grad():
+        out_none, _ = layer(x0, schedule="none")
+        out_chunked, _ = layer(x0, schedule="chunked", chunks=chunks, comm_stream=stream)
+    x_BSD, x1_BSD, g_BSD = x0.unsqueeze(0), x1.unsqueeze(0), gout.unsqueeze(0)
+    seq = NodeContext(group=group, comm_stream=None, store=None, grad_scale=1.0)
+    run = LayerRun(block, seq, 0.0)
+    y1_ref = layer_forward(run, x1_BSD)
+    layer_backward(run, g_BSD, None)
+    run = LayerRun(block, seq, 0.0)
+    layer_forward(run, x_BSD)
+    g0_ref = layer_backward(run, g_BSD, None)
+    ovl = NodeContext(group=group, comm_stream=stream, store=None, grad_scale=1.0)
+    b, f = LayerRun(block, ovl, 0.0), LayerRun(block, ovl, 0.0)
+    layer_forward(b, x_BSD)
+    y1, g0 = layer_pair(f, b, x1_BSD, g_BSD, None)
+    layer_backward(f, g_BSD, None)
+    layer.zero_grad(set_to_none=True)
+    return {f"chunked:{chunks} vs none, out": _rel(out_chunked, out_none),
+            "1f1b vs nodes, out (micro-batch k+1)": _rel(y1, y1_ref),
+            "1f1b vs nodes, dx (micro-batch k)": _rel(g0, g0_ref)}
+
+
 def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, warmup, chunk_list):
     """Runs in every rank: all presets, `warmup + rounds` rounds each. Returns (rank 0's) summaries."""
     from moe_overlap.ep.layer import MoELayer
@@ -196,6 +228,7 @@ def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, war
             clock.round = r
             _layer_rows(layer, block, x0, x1, gout, clock, stream, chunk_list)
             info = _pieces(layer, x0, clock)
+        info["agreement_rel_l2"] = _agreement(layer, block, x0, x1, gout, group, stream, max(chunk_list, default=2))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             info["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(device))

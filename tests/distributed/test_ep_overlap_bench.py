@@ -61,6 +61,9 @@ def test_smoke_json_has_every_row_and_sane_numbers(smoke):
     assert p["rows_received"] == 64 * 2
     assert p["tokens_per_local_expert_min"] == p["tokens_per_local_expert_max"] == 2 * 64 * 2 // 8
     assert all(v["n"] == 2 for v in p["median_ms"].values())
+    # The timed overlapped paths compute the sequential ones' result (fp32 on CPU: to rounding).
+    agree = p["agreement_rel_l2"]
+    assert len(agree) == 3 and all(0 <= v < 1e-5 for v in agree.values()), agree
 
 
 def test_every_rank_ran_with_nvlink_multicast_off(smoke):
