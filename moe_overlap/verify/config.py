@@ -119,12 +119,10 @@ def _flatten(source: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _try_skill_parse(source: dict[str, Any]) -> dict[str, Any] | None:
-    """Read through the validator's parser (Bridge precedence: comm_overlap overrides model) when present."""
-    try:
-        from moe_overlap.skill.config import ConfigError, effective_values, parse_config
-    except ImportError:
-        return None
+def _skill_parse(source: dict[str, Any]) -> dict[str, Any]:
+    """Read through the validator's parser (Bridge precedence: comm_overlap overrides model)."""
+    from moe_overlap.skill.config import ConfigError, effective_values, parse_config
+
     try:
         parsed = parse_config(source)
     except ConfigError as exc:
@@ -218,6 +216,6 @@ def load_verify_config(source: str | Path | dict[str, Any] | None) -> tuple[Veri
             return VerifyConfig(**data), [], "moe-overlap"
         except ValidationError as exc:
             raise _as_error(exc) from None
-    flat = _try_skill_parse(data)
+    flat = _skill_parse(data)
     cfg, notes = map_megatron(data, flat)
     return cfg, notes, "megatron"

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import asdict, dataclass
 
 from moe_overlap.verify.config import VerifyConfig
@@ -35,23 +34,11 @@ class ModeSpec:
         return asdict(self)
 
 
-def has_1f1b() -> bool:
-    """Whether the cross-micro-batch 1F1B schedule (issue 6) is part of this installation."""
-    return importlib.util.find_spec("moe_overlap.ep.schedule_1f1b") is not None
-
-
 def resolve_modes(cfg: VerifyConfig, modes: list[str] | None, schedule: str | None) -> tuple[list[ModeSpec], list[str]]:
     """The modes to run, in order, plus notes on what was left out and why."""
     notes: list[str] = []
-    available_1f1b = has_1f1b()
     if schedule is None:
         schedule = cfg.schedule if cfg.schedule != "none" else "1f1b"
-        if schedule == "1f1b" and not available_1f1b:
-            schedule = "chunked"
-            notes.append("the 1f1b schedule is not in this installation: overlap uses the chunked schedule")
-    elif schedule == "1f1b" and not available_1f1b:
-        raise ModeError("--schedule 1f1b: the 1F1B schedule is not part of this installation", field="schedule",
-                        fix="use --schedule chunked")
     explicit = modes is not None
     wanted = list(modes) if explicit else [m for m in MODES if m != "overlap+wgrad" or cfg.delay_wgrad_compute]
     if "overlap+wgrad" in wanted and schedule != "1f1b":
