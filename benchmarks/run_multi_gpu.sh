@@ -78,11 +78,11 @@ torch.version.cuda, "nccl", torch.cuda.nccl.version() if c else None, "gpus", to
   if [ "$N" -lt 2 ]; then echo "need 2+ ranks for expert parallelism, got N=$N"; return 1; fi
 
   step "ep_overlap benchmark" 260 "$PY" benchmarks/ep_overlap.py --device "$DEV" --world "$N" --timeout 240 \
-      "${BENCH_EXTRA[@]}" --out "$OUT/ep_overlap_${DEV}_r$N.json" || status=1
+      ${BENCH_EXTRA[@]+"${BENCH_EXTRA[@]}"} --out "$OUT/ep_overlap_${DEV}_r$N.json" || status=1
   step "verify (GPU-sized config)" 170 "$PY" -m moe_overlap.cli verify benchmarks/configs/verify_gpu.yaml \
-      --device "$DEV" --nproc "$N" --timeout 150 --out "$WORK/verify_gpu" --force "${GPU_CFG_EXTRA[@]}" || status=1
+      --device "$DEV" --nproc "$N" --timeout 150 --out "$WORK/verify_gpu" --force ${GPU_CFG_EXTRA[@]+"${GPU_CFG_EXTRA[@]}"} || status=1
   step "verify (embedded model)" 90 "$PY" -m moe_overlap.cli verify --device "$DEV" --nproc "$N" --timeout 75 \
-      --out "$WORK/verify_default" --force "${DEFAULT_EXTRA[@]}" || status=1
+      --out "$WORK/verify_default" --force ${DEFAULT_EXTRA[@]+"${DEFAULT_EXTRA[@]}"} || status=1
 
   for name in verify_gpu verify_default; do
     [ -f "$WORK/$name/report.json" ] && cp "$WORK/$name/report.json" "$OUT/${name}_r$N.json"
