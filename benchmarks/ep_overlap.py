@@ -136,6 +136,32 @@ def print_preset(p: dict, world: int) -> None:
               f"{'' if m['comparable_world'] else ' (different EP: not comparable)'}")
 
 
+def markdown(doc: dict) -> str:
+    """docs/benchmarks.md tables for one results JSON (one per preset)."""
+    def f(v, d=2):
+        return "-" if v is None else f"{v:.{d}f}"
+
+    out = [f"EP {doc['world']}, {doc['dtype']}, {doc['machine'].get('gpu') or 'CPU'}, {doc['date']}: "
+           f"`{doc['command']}`"]
+    for p in doc["presets"]:
+        s, a = p["shape"], p["alone"]
+        out += ["", f"**{p['preset']}** (T {s['tokens']}, D {s['hidden']}, F {s['ffn']}, E {s['experts']}, "
+                f"top-{s['topk']}, {p['local_experts']} local experts): a2a alone {a['comm_ms']:.2f} ms, experts "
+                f"alone {a['compute_ms']:.2f} ms (fwd+bwd)", "",
+                "| schedule | fwd ms | bwd ms | fwd+bwd ms | speedup | overlap efficiency | vs |",
+                "|---|---|---|---|---|---|---|"]
+        for r in p["rows"]:
+            out.append(f"| {r['schedule']} | {f(r['fwd_ms'])} | {f(r['bwd_ms'])} | {f(r['total_ms'])} | "
+                       f"{f(r.get('speedup_vs_reference'), 3)} | {f(r.get('overlap_efficiency'))} | "
+                       f"{r['reference'] or ''} |")
+        m = p.get("megatron")
+        if m:
+            out += ["", f"Megatron-Core ({m['gpu']}, EP{m['world']}, alltoall, no overlap): {m['fwd_ms']} / "
+                    f"{m['bwd_ms']} ms; ours (none, EP{doc['world']}): {m['ours_none_fwd_ms']:.2f} / "
+                    f"{m['ours_none_bwd_ms']:.2f} ms" + ("" if m["comparable_world"] else " (different EP)")]
+    return "\n".join(out)
+
+
 def machine_info(device: str) -> dict:
     info = {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
             "hostname": platform.node()}
@@ -160,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="discarded rounds (default 3 on cuda, 1 on cpu)")
     ap.add_argument("--timeout", type=float, default=540)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--markdown", type=Path, default=None, help="print the tables of a results JSON and exit")
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(args.markdown.read_text())))
+        return 0
     import torch
 
     from tests.distributed._spawn import run_ranks

@@ -117,3 +117,13 @@ def test_layer_seed_none_skips_the_host_draw_and_still_runs():
     assert not torch.equal(layer.experts.w1.detach(), full["experts.w1"])  # not the seeded init
     out, _ = layer(torch.randn(5, 8))
     assert out.shape == (5, 8) and torch.isfinite(out).all()
+
+
+def test_markdown_tables_from_the_smoke_json(smoke, tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(smoke))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--markdown", str(path)], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    table = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "schedule" not in line]
+    assert [line.split("|")[1].strip() for line in table] == ROWS
