@@ -99,13 +99,19 @@ def criterion_completion(launch: dict[str, Any], runs: list[ModeRun], steps: int
                                                 "log_checks": log_checks})
 
 
+NEEDS_BASELINE = "needs the baseline and at least one overlap mode"
+
+
+def _baseline_and_others(runs: list[ModeRun]) -> tuple[ModeRun | None, list[ModeRun]]:
+    """The baseline run, and the overlap runs the comparisons hold against it."""
+    return next((r for r in runs if r.mode == "baseline"), None), [r for r in runs if r.mode != "baseline"]
+
+
 def criterion_throughput(runs: list[ModeRun], binding: bool) -> Criterion:
     title = "throughput improves or at least does not regress (outside the noise band)"
-    base = next((r for r in runs if r.mode == "baseline"), None)
-    others = [r for r in runs if r.mode != "baseline"]
+    base, others = _baseline_and_others(runs)
     if base is None or not others:
-        return Criterion(id="throughput", title=title, status="skipped", binding=binding,
-                         summary="needs the baseline and at least one overlap mode")
+        return Criterion(id="throughput", title=title, status="skipped", binding=binding, summary=NEEDS_BASELINE)
     comps = [throughput_comparison(base, o) for o in others]
     if any(c["status"] == "insufficient-data" for c in comps):
         status, summary = "skipped", "not enough completed steps to measure throughput"
@@ -122,11 +128,9 @@ def criterion_throughput(runs: list[ModeRun], binding: bool) -> Criterion:
 
 def criterion_loss(runs: list[ModeRun], precision: str) -> Criterion:
     title = "loss trajectory matches the baseline"
-    base = next((r for r in runs if r.mode == "baseline"), None)
-    others = [r for r in runs if r.mode != "baseline"]
+    base, others = _baseline_and_others(runs)
     if base is None or not others:
-        return Criterion(id="loss-trajectory", title=title, status="skipped", binding=True,
-                         summary="needs the baseline and at least one overlap mode")
+        return Criterion(id="loss-trajectory", title=title, status="skipped", binding=True, summary=NEEDS_BASELINE)
     rtol = LOSS_RTOL[precision]
     comps = [loss_comparison(base, o, rtol) for o in others]
     if any(c["steps_compared"] == 0 for c in comps):
