@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -55,7 +55,7 @@ class ArgumentGuard:
         self.models: dict[str, type[BaseModel]] = {}
 
     async def __call__(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
-        if ctx.method == "tools/call" and isinstance(ctx.params, dict):
+        if ctx.method == "tools/call" and isinstance(ctx.params, Mapping):
             name = ctx.params.get("name")
             model = self.models.get(name) if isinstance(name, str) else None
             if model is not None:
@@ -68,7 +68,7 @@ class ArgumentGuard:
 
 def argument_problems(tool: str, model: type[BaseModel], arguments: Any) -> str | None:
     """None when `arguments` fit `model`, else one message listing every problem with its fix."""
-    if not isinstance(arguments, dict):
+    if not isinstance(arguments, Mapping):
         return f"Invalid arguments for `{tool}`: expected a JSON object. Fix: send named arguments."
     lines = []
     accepted = list(model.model_fields)

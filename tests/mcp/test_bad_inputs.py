@@ -52,9 +52,10 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("mode", PROTOCOL_MODES)
 @pytest.mark.parametrize("tool,args,field,words", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-async def test_bad_input_is_error_with_field_and_fix(server, tool, args, field, words):
-    async with connect(server, "legacy") as client:
+async def test_bad_input_is_error_with_field_and_fix(server, tool, args, field, words, mode):
+    async with connect(server, mode) as client:
         result = await client.call_tool(tool, args)
     message = text_of(result)
     assert result.is_error, f"{tool}({args}) should fail: {message[:300]}"
