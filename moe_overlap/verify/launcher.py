@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moe_overlap.verify.ranks import free_port  # two verifications at once get different ports
 from moe_overlap.verify.records import RecordTail, output_path, rank_dir, records_path, stacks_path
 from moe_overlap.verify.worker import PARENT_ENV
 
@@ -43,13 +43,6 @@ class LaunchResult:
     returncodes: dict[int, int | None] = field(default_factory=dict)
     pids: list[int] = field(default_factory=list)
     elapsed_s: float = 0.0
-
-
-def free_port() -> int:
-    """A port the OS just handed out: two verifications at once get different ones."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker_command(*, config_path: Path, modes_arg: str, out: Path, device: str,

@@ -33,6 +33,7 @@ RanksFailed = RankError  # the name calibration uses
 
 
 def free_port() -> int:
+    """A port the OS just handed out (the rendezvous of the ranks, and of verification runs)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
