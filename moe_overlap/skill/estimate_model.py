@@ -15,7 +15,7 @@ BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 class Calibration(BaseModel):
     """Numbers measured on this machine by ``moe_overlap.verify.calibrate`` (our own implementation)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     expert_tflops: float = Field(gt=0, description="grouped expert GEMM rate, TFLOP/s")
     dense_tflops: float = Field(gt=0, description="plain matmul rate, TFLOP/s")
@@ -37,7 +37,7 @@ class Calibration(BaseModel):
 class EstimateRequest(BaseModel):
     """One MoE shape, parallel layout and hardware. Sizes are per rank; times in ms."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf would print as JSON-invalid Infinity
 
     hidden: int = Field(gt=0, description="hidden size D")
     moe_ffn: int = Field(gt=0, description="expert FFN hidden size F (w1 is [D, 2F], w2 is [F, D])")

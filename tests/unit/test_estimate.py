@@ -55,6 +55,8 @@ def test_non_positive_sizes_name_the_field(field, value):
     (dict(precision="fp8"), "precision"),
     (dict(precision="fp32"), "precision"),  # presets are bf16 measurements
     (dict(intra_gbps=-1), "intra_gbps"),
+    (dict(intra_gbps=float("inf")), "intra_gbps"),  # JSON output would carry an invalid Infinity
+    (dict(attn_ms=float("nan")), "attn_ms"),
     (dict(unknown_knob=1), "unknown_knob"),
 ])
 def test_bad_inputs_name_the_field(kw, field):
