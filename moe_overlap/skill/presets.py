@@ -86,10 +86,6 @@ PRESETS: dict[str, ModelPreset] = {
 }
 
 
-def list_presets() -> list[ModelPreset]:
-    return list(PRESETS.values())
-
-
 def get_preset(name: str) -> ModelPreset:
     key = name.strip().lower()
     if key not in PRESETS:

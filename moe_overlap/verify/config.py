@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from moe_overlap.verify.corpus import VOCAB_SIZE
+
 FORMAT = "moe-overlap"
 
 
@@ -38,7 +40,7 @@ class VerifyConfig(BaseModel):
     moe_router_topk: int = Field(2, ge=1)
     num_layers: int = Field(2, ge=1, le=64)
     num_attention_heads: int = Field(4, ge=1)
-    vocab_size: int = Field(256, ge=256, le=256, description="byte-level tokens")
+    vocab_size: int = Field(VOCAB_SIZE, ge=VOCAB_SIZE, le=VOCAB_SIZE, description="byte-level tokens")
     seq_length: int = Field(64, ge=2, le=8192)
     # parallelism / numerics
     expert_model_parallel_size: int = Field(2, ge=1, le=1024)
@@ -90,8 +92,6 @@ class VerifyConfig(BaseModel):
 
 
 # Megatron fields read structurally; everything else in a Megatron config is reported as not mapped.
-_MAPPED = ("expert_model_parallel_size", "num_moe_experts", "moe_router_topk", "overlap_moe_expert_parallel_comm",
-           "delay_wgrad_compute", "bf16", "fp16", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend")
 _KEPT_SMALL = ("hidden_size", "moe_ffn_hidden_size", "ffn_hidden_size", "num_layers", "num_attention_heads",
                "seq_length", "vocab_size", "micro_batch_size", "global_batch_size", "train_iters")
 _NOT_MODELLED = {

@@ -22,7 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Verdict = Literal["passed", "failed", "inconclusive", "crashed", "hang", "timeout", "cancelled"]
 CriterionStatus = Literal["pass", "fail", "warn", "skipped"]
-CRITERIA_IDS = ("config-validation", "completes-cleanly", "throughput", "loss-trajectory")
 
 
 class _Model(BaseModel):
