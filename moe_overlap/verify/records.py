@@ -78,9 +78,13 @@ class RecordTail:
         out = []
         for line in lines:
             try:
-                out.append(json.loads(line))
+                rec = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a torn line can only come from a killed rank; nothing to recover in it
+            # Every record RecordWriter writes has these; anything else (a damaged or hand-edited file read
+            # by --judge) is skipped like a torn line rather than failing the judge with a KeyError.
+            if isinstance(rec, dict) and isinstance(rec.get("kind"), str) and isinstance(rec.get("t"), int | float):
+                out.append(rec)
         return out
 
 

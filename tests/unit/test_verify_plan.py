@@ -117,3 +117,28 @@ def test_cli_unwritable_out_exits_2_without_traceback(tmp_path, capsys):
     assert main(["verify", "--out", str(tmp_path / "file" / "run")]) == 2
     err = capsys.readouterr().err
     assert "cannot write there" in err and "Traceback" not in err
+
+
+def test_damaged_rank_records_are_skipped_like_torn_lines(tmp_path):
+    from moe_overlap.verify.records import RecordWriter, read_all
+
+    path = tmp_path / "rank0.jsonl"
+    writer = RecordWriter(path)
+    writer.emit("hello", rank=0)
+    writer.close()
+    with path.open("a", encoding="utf-8") as f:
+        f.write('garbage\n5\n["list"]\n{"kind": 5}\n{"kind": "step"}\n{"kind": "done", "t": 1.0}\n{"kind": "to')
+    assert [r["kind"] for r in read_all(path)] == ["hello", "done"]
+
+
+def test_judge_of_a_folder_with_damaged_records_reports_instead_of_raising(tmp_path, capsys):
+    from moe_overlap.cli import main
+
+    out = tmp_path / "run"
+    assert main(["verify", "--print-launch", "torchrun", "--out", str(out)]) == 0
+    (out / "ranks").mkdir(exist_ok=True)
+    (out / "ranks" / "rank0.jsonl").write_text('garbage\n{"kind": 5}\n{"no_time": true, "kind": "done"}\n')
+    capsys.readouterr()
+    assert main(["verify", "--judge", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "stopped without finishing" in captured.out and "Traceback" not in captured.err
