@@ -220,20 +220,30 @@ def calibration_from(per_rank: list[dict], *, backend: str, precision: str, stat
     latency, sec_per_byte = _relative_fit([[1.0, b] for b in sizes], a2a_t)
     big = t[f"a2a_{len(sizes) - 1}"]
     hidden = t["mm_loop"] + big - t["both"]
+    unresolved = []
+    if sec_per_flop <= 0:
+        # Probes dominated by fixed host cost (a fast GPU, small shapes) leave the GEMM term at zero, which
+        # would read as an infinite rate: use the dense matmul rate measured in the same run instead.
+        sec_per_flop = 1.0 / (dense_tflops * 1e12)
+        unresolved.append("expert GEMM rate not resolved by the fit (host-bound probes): dense matmul rate used")
+    if sec_per_byte <= 0:
+        # Same for an all-to-all time flat in the size: fall back to the largest probe's plain rate.
+        sec_per_byte = big / sizes[-1]
+        unresolved.append("all-to-all bandwidth not resolved by the fit: largest probe's bytes / time used")
     return Calibration(
-        expert_tflops=1.0 / max(sec_per_flop, 1e-18) / 1e12,
+        expert_tflops=1.0 / sec_per_flop / 1e12,
         dense_tflops=dense_tflops,
         mem_gbps=2.0 * s["rows"] * 2 * s["d"] * s["esize"] / t["gather"] / 1e9,
         perm_ns_per_elem=c_d * 1e9,
         act_ns_per_elem=c_f * 1e9,
         wgrad_ns_per_weight=c_w * 1e9,
-        a2a_gbps=1.0 / max(sec_per_byte, 1e-18) / 1e9,
+        a2a_gbps=1.0 / sec_per_byte / 1e9,
         a2a_latency_us=latency * 1e6,
         overlap_efficiency=min(1.0, max(0.0, hidden / min(t["mm_loop"], big))),
         overhead_ms=fixed * 1e3,
         source=(f"moe_overlap.verify.calibrate: {backend}, {world} ranks, {precision}, {stat} of {rounds} "
                 f"interleaved rounds (slowest rank), {platform.node()} ({platform.machine()}), "
-                f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%MZ}"),
+                f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%MZ}" + "".join(f"; {u}" for u in unresolved)),
     )
 
 
