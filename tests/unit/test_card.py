@@ -354,3 +354,31 @@ def test_minimal_example_is_valid_for_the_validator(card):
 
     result = validate_config(card.minimal_example.config, torch_version="2.6.0")
     assert result.valid, [f.rule for f in result.findings]
+
+
+def _severity_by_table(text: str) -> dict[str, str]:
+    """rule id -> 'error'/'warning' as the prose tables present it: SKILL.md by the line above each table
+    ('... (errors ...' or 'Warnings ...'), the training doc by its severity column."""
+    found, heading = {}, None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            heading = ("warning" if line.startswith("Warnings") else "error" if "(errors" in line else None) \
+                if line.strip() else heading
+            continue
+        m = re.match(r"\| `([a-z0-9-]+)` \|", line)
+        column = re.search(r"\| (error|warning) \|", line)
+        if m and (column or heading):
+            found[m.group(1)] = column.group(1) if column else heading
+    return found
+
+
+@pytest.mark.parametrize("doc", ["SKILL.md", "docs/training/communication-overlap.md"])
+def test_prose_tables_give_each_rule_the_card_severity(card, doc):
+    from moe_overlap.paths import docs_dir
+
+    path = CARD.parent / "SKILL.md" if doc == "SKILL.md" else docs_dir() / "training" / "communication-overlap.md"
+    shown = _severity_by_table(path.read_text(encoding="utf-8"))
+    severity = {c.id: c.severity for c in card.constraints}
+    assert set(severity) <= set(shown), sorted(set(severity) - set(shown))
+    wrong = {i: (shown[i], severity[i]) for i in severity if shown[i] != severity[i]}
+    assert not wrong, wrong
