@@ -61,12 +61,15 @@ def run(args: argparse.Namespace) -> int:
         data.setdefault("intra_gbps", args.link_gbps)
         data.setdefault("inter_gbps", args.link_gbps)
     if args.calibrate:
-        from moe_overlap.verify.calibrate import CalibrationFailed, calibrate
+        from moe_overlap.verify.calibrate import CalibrationFailed, CalibrationUnavailable, calibrate
 
         try:
             # Calibrate in the precision being estimated: CPU bf16 GEMMs run at another rate than fp32.
             data["calibration"] = calibrate(backend=args.calibrate_backend,
                                             precision=args.precision or "bf16").model_dump()
+        except CalibrationUnavailable as exc:
+            raise CommandError(f"--calibrate-backend: {exc}", field="calibrate_backend",
+                               fix="use --calibrate-backend gloo, or leave it out (nccl is chosen when GPUs are there)") from None
         except CalibrationFailed as exc:
             raise CommandError(f"calibration failed: {exc}", exit_code=1,
                                fix="check that torch is installed and 2 processes can start") from None

@@ -44,6 +44,10 @@ class CalibrationFailed(RuntimeError):
     pass
 
 
+class CalibrationUnavailable(CalibrationFailed):
+    """The requested backend cannot run on this machine (bad input, found before any rank starts)."""
+
+
 def make_probes(rank: int, world: int, precision: str, device_name: str, scale: float) -> tuple[dict, dict]:
     """Build the probes in a spawned rank: returns (name -> zero-arg callable, sizes for the maths)."""
     import torch
@@ -254,6 +258,8 @@ def calibrate(*, backend: str | None = None, world: int = 2, precision: str = "f
 
     if importlib.util.find_spec("torch") is None:
         raise CalibrationFailed("torch is not installed")
+    if backend == "nccl" and not _cuda_available(world):
+        raise CalibrationUnavailable(f"the nccl backend needs {world} visible CUDA GPUs; this machine has fewer")
     cuda = backend == "nccl" or (backend is None and _cuda_available(world))
     backend = backend or ("nccl" if cuda else "gloo")
     device, scale = ("cuda", 8.0) if cuda else ("cpu", 1.0)

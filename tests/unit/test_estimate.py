@@ -315,3 +315,13 @@ def test_cli_link_gbps_sets_both_levels(capsys):
     assert main(args) == 0
     hw = json.loads(capsys.readouterr().out)["hardware"]
     assert hw["intra_gbps"] == hw["inter_gbps"] == pytest.approx(75.0)
+
+
+def test_cli_nccl_calibration_without_gpus_is_bad_input(capsys, monkeypatch):
+    from moe_overlap.verify import calibrate
+
+    monkeypatch.setattr(calibrate, "_cuda_available", lambda world: False)
+    monkeypatch.setattr(calibrate, "run_ranks", lambda *a, **k: pytest.fail("no rank may start"))
+    assert main(ARGS + ["--calibrate", "--calibrate-backend", "nccl"]) == 2
+    err = capsys.readouterr().err
+    assert "--calibrate-backend" in err and "gloo" in err and "Traceback" not in err
