@@ -60,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
     if args.link_gbps is not None:
         data.setdefault("intra_gbps", args.link_gbps)
         data.setdefault("inter_gbps", args.link_gbps)
+    if args.calibrate_backend and not args.calibrate:
+        raise CommandError("--calibrate-backend only applies to a calibration run", field="calibrate_backend",
+                           fix="add --calibrate, or drop --calibrate-backend")
     if args.calibrate:
         from moe_overlap.verify.calibrate import CalibrationFailed, CalibrationUnavailable, calibrate
 

@@ -325,3 +325,5 @@ def test_cli_nccl_calibration_without_gpus_is_bad_input(capsys, monkeypatch):
     assert main(ARGS + ["--calibrate", "--calibrate-backend", "nccl"]) == 2
     err = capsys.readouterr().err
     assert "--calibrate-backend" in err and "gloo" in err and "Traceback" not in err
+    assert main(ARGS + ["--calibrate-backend", "gloo"]) == 2  # silently ignored before
+    assert "add --calibrate" in capsys.readouterr().err
