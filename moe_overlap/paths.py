@@ -11,7 +11,6 @@ from functools import lru_cache
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
-DATA_FOLDERS = ("skills", "schemas", "docs", "examples")
 
 
 @lru_cache(maxsize=1)
