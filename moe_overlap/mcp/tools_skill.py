@@ -8,7 +8,6 @@ Torch-free.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
@@ -22,6 +21,7 @@ from moe_overlap.mcp import safety
 from moe_overlap.mcp.results import CardField, SkillInfo, SkillList, Truncation
 from moe_overlap.mcp.safety import AllowedRoots, read_text_file
 from moe_overlap.mcp.toolkit import ArgumentGuard, add_model_tool, annotations
+from moe_overlap.skill.schemas import resolve
 
 logger = logging.getLogger(__name__)
 READ_ONLY = dict(read_only=True, destructive=False, idempotent=True, open_world=False)
@@ -70,11 +70,6 @@ def config_source(inp: Any, roots: AllowedRoots) -> Any:
         except ConfigError as exc:
             raise as_tool_error(exc, "config_text") from None
     return None
-
-
-def _model(dotted: str) -> Any:
-    module, _, name = dotted.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> None:
@@ -187,8 +182,8 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
     ]
     for name, model, result, handler, title, description in specs:
         try:
-            model = _model(model) if isinstance(model, str) else model
-            result = _model(result) if isinstance(result, str) else result
+            model = resolve(model) if isinstance(model, str) else model
+            result = resolve(result) if isinstance(result, str) else result
         except (ImportError, AttributeError) as exc:
             # A partial install or a checkout mid-change: serve the other tools, say which one is missing.
             logger.warning("tool %s not served: %s", name, exc)

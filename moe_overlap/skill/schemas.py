@@ -27,14 +27,15 @@ SCHEMA_MODELS: dict[str, str] = {
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
-def _model(dotted: str):
+def resolve(dotted: str):
+    """The object named by "module:Name" (imported on demand, so callers stay light at start-up)."""
     module, _, name = dotted.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
 def generate_schema(file_name: str) -> dict[str, Any]:
     """The schema of `file_name` as its pydantic model generates it (2020-12 dialect, stable id)."""
-    model = _model(SCHEMA_MODELS[file_name])
+    model = resolve(SCHEMA_MODELS[file_name])
     schema = model.model_json_schema(mode="validation")
     return {"$schema": DIALECT, "$id": f"https://moe-overlap.dev/schemas/{file_name}", **schema}
 
