@@ -146,7 +146,7 @@ def main() -> int:
         "command": "python benchmarks/estimate_vs_measured.py " + " ".join(sys.argv[1:]),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_avg_before": load_before,
-                    "load_avg_after": os.getloadavg(), "note": "CPU cores shared with other jobs"},
+                    "load_avg_after": os.getloadavg(), "note": "a high load average means CPU cores shared with other jobs"},
         "versions": _versions(),
         "setup": {"world": 2, "backend": "gloo", "threads_per_rank": 1, "precision": "fp32", "rounds": args.rounds,
                   "chunks": args.chunks, "routing": "balanced (force_balance)",

@@ -251,7 +251,7 @@ def main() -> int:
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "cpu_count": os.cpu_count(), "load_average_after": os.getloadavg(),
                     "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
-                    "note": "CPU shared with other jobs (2 cores, ~8 concurrent users) when device=cpu"},
+                    "note": "load averages per repeat are in runs[]; a high load means CPU shared with other jobs"},
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "preset": preset, "shape": shape, "ranks": args.ranks, "backend": backend, "dtype": dtype,
         "rounds": args.rounds, "repeats": args.repeats, "expert_path": res["expert_path"],

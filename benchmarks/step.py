@@ -180,12 +180,14 @@ def main() -> int:
     preset = a.preset or ("gpu" if a.device == "cuda" else "cpu")
     dtype = a.dtype or ("bfloat16" if a.device == "cuda" else "float32")
     worlds = [1] if a.device == "cuda" else a.world
+    load_before = list(os.getloadavg())
     result = run(a.device, worlds, preset, a.rounds, a.chunks, dtype)
     result.update({
         "command": "python " + " ".join(sys.argv),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpu_count": os.cpu_count(), "load_avg_1_5_15_at_end": list(os.getloadavg()),
+                    "cpu_count": os.cpu_count(), "load_avg_1_5_15_before": load_before,
+                    "load_avg_1_5_15_at_end": list(os.getloadavg()),
                     "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None},
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
     })
