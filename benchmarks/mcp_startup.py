@@ -13,6 +13,10 @@ noise hits all alike: `python -c pass` (interpreter start) and `python -c "impor
 Wall time depends on what else runs: the CPU time (user + system) of the process up to the answer is
 recorded too. Start-up is one thread, so on an idle machine its wall time is about its CPU time; on a
 shared one (load average recorded before and after) the CPU time is the figure to compare.
+
+The SDK reference row also pays the interpreter's exit (freeing the imported modules), which the server
+rows do not: so the server's own share is read from a third reference, a fresh process that times its
+phases in process (SDK import, our server modules, `build_server()`), not from the difference of rows.
 """
 
 from __future__ import annotations
@@ -82,6 +86,26 @@ def time_command(code: str) -> tuple[float, float]:
     return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime
 
 
+PHASES = """
+import json, time
+t0 = time.perf_counter()
+import mcp.server.mcpserver
+t1 = time.perf_counter()
+import moe_overlap.server as server
+t2 = time.perf_counter()
+server.build_server()
+t3 = time.perf_counter()
+print(json.dumps({"sdk_import": t1 - t0, "server_modules": t2 - t1, "build_server": t3 - t2}))
+"""
+
+
+def time_phases() -> dict[str, float]:
+    """In-process seconds of the start-up phases, measured inside one fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", PHASES], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                         check=True, timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for dist in ("mcp", "pydantic", "anyio", "starlette"):
@@ -110,6 +134,7 @@ def main() -> int:
              "moe-overlap-mcp first tools/list")
     wall: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
+    phases: dict[str, list[float]] = {}
     load_before = os.getloadavg()
     time_server()  # warm the page cache and __pycache__ once, untimed
     for _ in range(args.repeats):
@@ -122,6 +147,8 @@ def main() -> int:
         cpu[names[2]].append(got["init_cpu"])
         wall[names[3]].append(got["tools"])
         cpu[names[3]].append(got["tools_cpu"])
+        for k, v in time_phases().items():
+            phases.setdefault(k, []).append(v)
     load_after = os.getloadavg()
 
     table = []
@@ -135,6 +162,10 @@ def main() -> int:
         table.append(row)
         print(f"{name:34} {row['wall_min_s']:8.3f} {row['wall_median_s']:8.3f} {row['wall_max_s']:8.3f} "
               f"{row['cpu_median_s']:8.3f}")
+    phase_rows = {k: {"median_s": round(statistics.median(v), 3), "min_s": round(min(v), 3),
+                      "max_s": round(max(v), 3), "samples_s": [round(x, 3) for x in v]} for k, v in phases.items()}
+    print("in-process phases (median, min-max s): " + ", ".join(
+        f"{k} {r['median_s']:.3f} ({r['min_s']:.3f}-{r['max_s']:.3f})" for k, r in phase_rows.items()))
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs")
 
     result = {
@@ -148,6 +179,7 @@ def main() -> int:
         "versions": _versions(),
         "repeats": args.repeats,
         "rows": table,
+        "in_process_phases": phase_rows,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

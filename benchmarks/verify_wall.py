@@ -62,7 +62,7 @@ def main() -> int:
         "command": "python benchmarks/verify_wall.py" + (f" --repeats {args.repeats}" if args.repeats != 3 else ""),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average_before": load_before,
-                    "load_average_after": list(os.getloadavg()), "note": "CPU cores shared with other jobs"},
+                    "load_average_after": list(os.getloadavg()), "note": "a high load average means CPU cores shared with other jobs"},
         "versions": {"python": platform.python_version(), "torch": metadata.version("torch")},
         "rows": rows,
     }
