@@ -129,15 +129,14 @@ def _layer_rows(layer, block, x0, x1, gout, clock, stream, chunk_list):
 def _pieces(layer, x0, clock):
     """The all-to-alls alone and the expert GEMMs alone, for one forward and one backward."""
     from moe_overlap.ep.all_to_all import all_to_all_sync
+    from moe_overlap.ep.counts import exchange_counts, make_dispatch_plan
     from moe_overlap.ep.dispatcher import (
-        exchange_counts,
-        make_dispatch_plan,
         permute_rows,
         plan_permute,
         sort_rows,
         unsort_rows,
     )
-    from moe_overlap.ep.experts import experts_dgrad, experts_forward, experts_wgrad
+    from moe_overlap.ep.experts import experts_dgrad, experts_forward, experts_wgrad, host_counts
     from moe_overlap.ep.router import route
 
     group = clock.group
@@ -149,7 +148,7 @@ def _pieces(layer, x0, clock):
         send, recv = clock("alone/count exchange", lambda: exchange_counts(
             pplan.tokens_per_expert_E.unsqueeze(0), layer.num_experts, group))
         plan = make_dispatch_plan(pplan, send[0], recv[0])
-        counts = plan.tokens_per_local_expert
+        counts = plan.tokens_per_local_expert  # a device tensor at EP 1 on CUDA (no host sync)
         recv_x = clock("alone/a2a dispatch", lambda: all_to_all_sync(x_ND, plan.recv_splits, plan.send_splits, group))
         xs = sort_rows(recv_x, plan)
         y, h = clock("alone/experts fwd", lambda: experts_forward(xs, w1, w2, counts))
@@ -164,6 +163,7 @@ def _pieces(layer, x0, clock):
         clock("alone/experts wgrad", lambda: experts_wgrad(wgi, w1, w2, counts))
         dxr = unsort_rows(dx, plan)
         clock("alone/a2a grad-dispatch", lambda: all_to_all_sync(dxr, plan.send_splits, plan.recv_splits, group))
+    counts = host_counts(counts)
     return {"rows_received": int(sum(counts)), "bytes_per_dispatch": int(x_ND.numel() * x_ND.element_size()),
             "tokens_per_local_expert_min": min(counts), "tokens_per_local_expert_max": max(counts)}
 

@@ -84,9 +84,8 @@ def bench_body(rank, world, group, shape, device_type, dtype_name, rounds, chunk
     import torch.distributed as dist
 
     from moe_overlap.ep.all_to_all import all_to_all_sync
+    from moe_overlap.ep.counts import exchange_counts, make_dispatch_plan
     from moe_overlap.ep.dispatcher import (
-        exchange_counts,
-        make_dispatch_plan,
         permute_rows,
         plan_permute,
         sort_rows,

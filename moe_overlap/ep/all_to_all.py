@@ -60,13 +60,17 @@ class A2AHandle:
 
 
 def all_to_all_async(
-    x: torch.Tensor, out_splits, in_splits, group, stream: torch.cuda.Stream | None = None
+    x: torch.Tensor, out_splits, in_splits, group, stream: torch.cuda.Stream | None = None,
+    after: torch.cuda.Event | None = None,
 ) -> A2AHandle:
     """Start ``all_to_all_single`` and return a handle. Never builds an autograd graph.
 
     CPU/gloo: ``async_op=True``; gloo's worker thread moves the data while this thread computes.
-    CUDA with ``stream``: the collective is issued on ``stream`` after it waits for the current
-    (compute) stream; ``wait()`` makes the compute stream wait on an event, not the host.
+    CUDA with ``stream``: the collective is issued on ``stream`` after it waits for ``after`` (an event
+    recorded on the compute stream once ``x`` was written), or, without one, for everything queued on the
+    compute stream so far. ``after`` is what lets a schedule issue the collective *after* queuing unrelated
+    compute (another micro-batch's GEMMs) and still have the two run side by side. ``wait()`` makes the
+    compute stream wait on an event, not the host.
     """
     world = group_size(group)
     out_splits, in_splits = _check_splits(x, out_splits, in_splits, world)
@@ -77,8 +81,10 @@ def all_to_all_async(
         out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
         work = dist.all_to_all_single(out, x, out_splits, in_splits, group=group, async_op=True)
         return A2AHandle(out=out, work=work)
-    producer = current_stream(x.device)
-    stream.wait_stream(producer)
+    if after is not None:
+        stream.wait_event(after)
+    else:
+        stream.wait_stream(current_stream(x.device))
     with torch.cuda.stream(stream):
         out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
         dist.all_to_all_single(out, x, out_splits, in_splits, group=group)

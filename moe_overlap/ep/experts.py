@@ -88,15 +88,23 @@ def expert_path(x_SD: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> str:
 def _offsets(counts, device: torch.device) -> torch.Tensor:
     """Group end offsets (int32) for ``torch._grouped_mm``, built once per expert call.
 
-    ``torch.tensor(list, device="cuda")`` copies from pageable memory and then synchronizes the host
-    with the stream (a hidden host sync that drains the GPU queue); a pinned staging tensor and a
-    non-blocking copy keep the host ahead of the GPU. The pinned block is recycled by torch's caching
+    Device counts (EP 1 on CUDA, counts.py) give device offsets with a cumsum: no host round trip.
+    Host counts: ``torch.tensor(list, device="cuda")`` copies from pageable memory and then synchronizes
+    the host with the stream (a hidden host sync that drains the GPU queue); a pinned staging tensor and
+    a non-blocking copy keep the host ahead of the GPU. The pinned block is recycled by torch's caching
     host allocator only after the copy has run.
     """
+    if isinstance(counts, torch.Tensor):
+        return torch.cumsum(counts, 0, dtype=torch.int32)
     ends = list(itertools.accumulate(counts))
     if device.type != "cuda":
         return torch.tensor(ends, dtype=torch.int32, device=device)
     return torch.tensor(ends, dtype=torch.int32, pin_memory=True).to(device, non_blocking=True)
+
+
+def host_counts(counts) -> tuple[int, ...]:
+    """Counts as host ints (a device-to-host sync for device counts: only the loop path needs them)."""
+    return tuple(int(c) for c in (counts.tolist() if isinstance(counts, torch.Tensor) else counts))
 
 
 def _offs_for(path, counts, device):
@@ -108,7 +116,7 @@ def _gmm(x_MK, w_LKN, counts, path, offs=None) -> torch.Tensor:
     if path == "grouped_mm":
         return torch._grouped_mm(x_MK, w_LKN, offs=_offsets(counts, x_MK.device) if offs is None else offs)
     pieces, start = [], 0
-    for j, c in enumerate(counts):
+    for j, c in enumerate(host_counts(counts)):
         if c:
             pieces.append(x_MK[start:start + c] @ w_LKN[j])
         start += c
@@ -123,7 +131,7 @@ def _gmm_wgrad(x_MK, dy_MN, counts, path, offs=None) -> torch.Tensor:
         return torch._grouped_mm(x_MK.t(), dy_MN, offs=_offsets(counts, x_MK.device) if offs is None else offs)
     out = x_MK.new_zeros((len(counts), x_MK.shape[1], dy_MN.shape[1]))
     start = 0
-    for j, c in enumerate(counts):
+    for j, c in enumerate(host_counts(counts)):
         if c:
             out[j] = x_MK[start:start + c].t() @ dy_MN[start:start + c]
         start += c
@@ -158,6 +166,11 @@ def _check_inputs(x_SD, w1, w2, counts) -> None:
         raise ValueError(f"x dtype={x_SD.dtype} != expert weights dtype={w1.dtype}")
     if x_SD.dim() != 2 or x_SD.shape[1] != w1.shape[1]:
         raise ValueError(f"x shape={tuple(x_SD.shape)}: expected [S, hidden={w1.shape[1]}]")
+    if isinstance(counts, torch.Tensor):  # device counts: their sum is not checked (it would sync the host)
+        if counts.shape != (w1.shape[0],) or counts.device != x_SD.device:
+            raise ValueError(f"tokens_per_expert: a device tensor of shape {tuple(counts.shape)} on "
+                             f"{counts.device}; need [{w1.shape[0]}] on {x_SD.device}")
+        return
     if len(counts) != w1.shape[0] or sum(counts) != x_SD.shape[0]:
         raise ValueError(f"tokens_per_expert={tuple(counts)}: need {w1.shape[0]} counts summing to {x_SD.shape[0]}")
 
@@ -235,8 +248,10 @@ class GroupedExperts(nn.Module):
         nn.init.normal_(self.w2, std=ffn ** -0.5)
 
     def forward(self, x_SD: torch.Tensor, tokens_per_expert, wgrad_store: WgradStore | None = None):
-        """x_SD grouped by local expert (tuple of host ints ``tokens_per_expert``) -> y_SD, same dtype."""
-        counts = tuple(int(c) for c in tokens_per_expert)
+        """x_SD grouped by local expert -> y_SD, same dtype. ``tokens_per_expert``: host ints, or an int64
+        device tensor (EP 1 on CUDA: no host sync on the grouped-GEMM path)."""
+        counts = tokens_per_expert if isinstance(tokens_per_expert, torch.Tensor) else \
+            tuple(int(c) for c in tokens_per_expert)
         return _ExpertsFn.apply(x_SD, self.w1, self.w2, counts, wgrad_store)
 
     def path_for(self, x_SD: torch.Tensor) -> str:

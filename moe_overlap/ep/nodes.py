@@ -25,17 +25,17 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from moe_overlap.ep.all_to_all import A2AHandle, all_to_all_async
-from moe_overlap.ep.dispatcher import (
+from moe_overlap.ep.all_to_all import A2AHandle, all_to_all_async, group_size
+from moe_overlap.ep.counts import (
+    CountsHandle,
     DispatchPlan,
-    exchange_counts,
+    local_plan,
     make_dispatch_plan,
-    permute,
-    sort_by_local_expert,
-    unpermute,
-    unsort_by_local_expert,
+    start_count_exchange,
 )
+from moe_overlap.ep.dispatcher import permute, sort_by_local_expert, unpermute, unsort_by_local_expert
 from moe_overlap.ep.router import attach_aux_losses, route
+from moe_overlap.ep.streams import current_stream, record_event
 from moe_overlap.ep.wgrad import WgradStore
 
 
@@ -45,13 +45,15 @@ class NodeContext:
 
     group: EP process group; comm_stream: CUDA stream for all-to-alls (None on CPU, where gloo's
     async_op supplies the concurrency); store: WgradStore when expert wgrad is delayed;
-    grad_scale: d(objective)/d(micro-batch loss), 1/M for M micro-batches.
+    grad_scale: d(objective)/d(micro-batch loss), 1/M for M micro-batches; counts_group: a host (gloo)
+    group over the same ranks for the token-count exchange (counts.py), None to use ``group``.
     """
 
     group: dist.ProcessGroup
     comm_stream: torch.cuda.Stream | None
     store: WgradStore | None
     grad_scale: float
+    counts_group: dist.ProcessGroup | None = None
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -85,15 +87,30 @@ class LayerRun:
             scale = self.ctx.grad_scale
             self.x_ND = attach_aux_losses(x_ND, routing, self.aux_coeff * scale, moe.z_loss_coeff * scale)
             self.probs_TK = routing.probs_TK
-        # The layer's one host sync: splits must be host ints for the all-to-all (dispatcher.py).
-        (send_E,), (recv_RL,) = exchange_counts(pplan.tokens_per_expert_E.unsqueeze(0),
-                                                moe.num_experts, self.ctx.group)
-        self.plan: DispatchPlan = make_dispatch_plan(pplan, send_E, recv_RL)
+        # Splits must be host ints for the all-to-all: start moving the counts now (no host wait here);
+        # plan_wait() blocks for them once the schedule has queued other compute (counts.py).
+        self.pplan = pplan
+        self.counts: CountsHandle | None = None
+        if group_size(self.ctx.group) > 1:
+            self.counts = start_count_exchange(pplan.tokens_per_expert_E.unsqueeze(0), moe.num_experts,
+                                               self.ctx.group, counts_group=self.ctx.counts_group)
+        # The dispatch waits for this event only, so it may be issued after unrelated compute.
+        self.x_ready = record_event(current_stream(x_BSD.device))
+
+    def plan_wait(self) -> None:
+        """Wait for the counts (EP > 1: the layer's one host sync) and build the dispatch plan."""
+        if self.counts is None:
+            self.plan: DispatchPlan = local_plan(self.pplan)
+        else:
+            (send_E,), (recv_RL,) = self.counts.wait()
+            self.plan = make_dispatch_plan(self.pplan, send_E, recv_RL)
+        del self.pplan, self.counts
 
     def dispatch_forward_start(self) -> None:
         p = self.plan
         self.handle = all_to_all_async(self.x_ND.detach(), p.recv_splits, p.send_splits, self.ctx.group,
-                                       self.ctx.comm_stream)
+                                       self.ctx.comm_stream, after=self.x_ready)
+        self.x_ready = None
 
     def dispatch_forward_wait(self) -> None:
         self.recv_RD = self.handle.wait()

@@ -15,14 +15,22 @@ all C chunks are exchanged in ONE all-to-all + host sync. Then, in forward:
                   start combine(c)    | wait combine(c-1); unpermute(c-1)
 and the mirror image in backward:
     iteration c:  start grad-dispatch(c+1) | wait grad-dispatch(c); experts dgrad(c); start grad-combine(c);
-                  experts wgrad(c) (or defer it into the WgradStore) | wait grad-combine(c-1); un-permute(c-1)
+                  wait grad-combine(c-1); un-permute(c-1)
+    after the last dgrad: ONE grouped weight-gradient GEMM pair over the rows of every chunk (gathered
+                  into expert-major order), under the last grad-combine (or deferred into the WgradStore)
 
 On CPU the all-to-alls run on gloo's thread (``async_op=True``); on CUDA on ``comm_stream`` with events.
 The chunked path is one autograd Function with an explicit backward (autograd's engine would run
 the backward steps one after the other, with no all-to-all in flight).
 
-Numerics: the same function as ``none``; the expert GEMMs see fewer rows per call, which can change
-fp32 rounding (not bitwise), and the weight gradient is the sum of the per-chunk gradients in chunk order.
+Why one weight-gradient GEMM: a wgrad per chunk writes the full [L, D, 2F] + [L, F, D] gradient once per
+chunk and adds it up (``dw += dw_c``: three passes over the expert weights per extra chunk, 1.9 ms of bf16
+adds at the DeepSeek-V3 shape on one H200, docs/benchmarks.md), and runs C smaller GEMMs. Gathering the
+chunks' rows costs one pass over the activations instead, and the GEMM keeps its full size.
+
+Numerics: the same function as ``none``; the forward and dgrad GEMMs see fewer rows per call, which can
+change rounding (not bitwise). The weight gradient reduces each expert's rows in (chunk, source rank,
+token) order: at EP 1 that is ``none``'s order (token order), so there it matches ``none`` bit for bit.
 """
 
 from __future__ import annotations
@@ -31,12 +39,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .all_to_all import all_to_all_async
+from .all_to_all import all_to_all_async, group_size
+from .counts import exchange_counts, local_plan, make_dispatch_plan
 from .dispatcher import (
     combine,
     dispatch,
-    exchange_counts,
-    make_dispatch_plan,
     permute_rows,
     permute_rows_backward,
     plan_permute,
@@ -53,8 +60,9 @@ SCHEDULES = ("none", "chunked")
 
 
 def run_none(x_TD, routing: Routing, experts: GroupedExperts, *, num_experts: int, group,
-             wgrad_store: WgradStore | None = None) -> torch.Tensor:
-    recv_SD, per_expert, handle = dispatch(x_TD, routing, num_experts=num_experts, group=group)
+             wgrad_store: WgradStore | None = None, counts_group=None) -> torch.Tensor:
+    recv_SD, per_expert, handle = dispatch(x_TD, routing, num_experts=num_experts, group=group,
+                                           counts_group=counts_group)
     y_SD = experts(recv_SD, per_expert, wgrad_store)
     return combine(y_SD, handle)
 
@@ -65,7 +73,7 @@ class ChunkPlan:
     plans: tuple  # DispatchPlan per chunk
 
 
-def plan_chunks(experts_TK: torch.Tensor, num_experts: int, chunks: int, group) -> ChunkPlan:
+def plan_chunks(experts_TK: torch.Tensor, num_experts: int, chunks: int, group, counts_group=None) -> ChunkPlan:
     num_tokens = experts_TK.shape[0]
     sizes = [num_tokens // chunks + (1 if c < num_tokens % chunks else 0) for c in range(chunks)]
     bounds, start = [], 0
@@ -73,8 +81,11 @@ def plan_chunks(experts_TK: torch.Tensor, num_experts: int, chunks: int, group) 
         bounds.append((start, start + n))
         start += n
     pplans = [plan_permute(experts_TK[a:b], num_experts) for a, b in bounds]
+    if group_size(group) == 1:  # nothing to exchange (and, on CUDA, no host sync: counts.py)
+        return ChunkPlan(tuple(bounds), tuple(local_plan(p) for p in pplans))
     counts_CE = torch.stack([p.tokens_per_expert_E for p in pplans])
-    send, recv = exchange_counts(counts_CE, num_experts, group)  # the one host sync of the layer
+    # The one host sync of the layer, for all chunks at once.
+    send, recv = exchange_counts(counts_CE, num_experts, group, counts_group=counts_group)
     plans = tuple(make_dispatch_plan(p, s, r) for p, s, r in zip(pplans, send, recv, strict=True))
     return ChunkPlan(tuple(bounds), plans)
 
@@ -133,7 +144,7 @@ class _ChunkedMoE(torch.autograd.Function):
         w1, w2 = w1_param.detach(), w2_param.detach()
         num_chunks = len(cp.bounds)
         g_TD = g_TD.contiguous()
-        g_probs, g_x = [None] * num_chunks, [None] * num_chunks
+        g_probs, g_x, wgrad_inputs = [None] * num_chunks, [None] * num_chunks, [None] * num_chunks
         dw = [None, None]
 
         def start_grad_dispatch(c):
@@ -147,25 +158,56 @@ class _ChunkedMoE(torch.autograd.Function):
         inflight_dispatch, inflight_combine = {0: start_grad_dispatch(0)}, {}
         for c in range(num_chunks):
             plan = cp.plans[c]
-            counts = plan.tokens_per_local_expert
             if c + 1 < num_chunks:
                 inflight_dispatch[c + 1] = start_grad_dispatch(c + 1)
             dy_SD = sort_rows(inflight_dispatch.pop(c).wait(), plan)
             x_SD, h = ctx.saved[c]
-            dx_SD, wgrad_inputs = experts_dgrad(dy_SD, x_SD, h, w1, w2, counts)
+            ctx.saved[c] = None
+            dx_SD, wgrad_inputs[c] = experts_dgrad(dy_SD, x_SD, h, w1, w2, plan.tokens_per_local_expert)
             inflight_combine[c] = all_to_all_async(unsort_rows(dx_SD, plan), plan.send_splits,
                                                    plan.recv_splits, group, stream)
-            # Weight gradients run here, while grad-combine(c) and grad-dispatch(c+1) are in flight.
-            if store is not None:
-                store.defer(_wgrad_closure(wgrad_inputs, w1_param, w2_param, w1, w2, counts))
-            else:
-                dw1, dw2 = experts_wgrad(wgrad_inputs, w1, w2, counts)
-                dw = [dw1, dw2] if dw[0] is None else [dw[0].add_(dw1), dw[1].add_(dw2)]
+            if c + 1 == num_chunks:
+                # One weight-gradient GEMM pair for all chunks, under the last grad-combine.
+                inputs, counts = merge_chunk_wgrad_inputs(wgrad_inputs, [p.tokens_per_local_expert for p in cp.plans])
+                wgrad_inputs = None
+                if store is not None:
+                    store.defer(_wgrad_closure(inputs, w1_param, w2_param, w1, w2, counts))
+                else:
+                    dw = list(experts_wgrad(inputs, w1, w2, counts))
             if c > 0:
                 finish_grad_combine(c - 1)
         finish_grad_combine(num_chunks - 1)
         ctx.saved = ctx.y_NDs = None  # free activations early
         return torch.cat(g_x), torch.cat(g_probs), dw[0], dw[1], None
+
+
+def merge_chunk_wgrad_inputs(inputs: list, counts_CL: list):
+    """The chunks' wgrad inputs (each grouped by local expert) as one set in expert-major order.
+
+    Returns (wgrad_inputs, counts) for :func:`experts_wgrad`: rows of expert j from chunk 0, then chunk 1,
+    ... One gather per tensor, by an index built on the device when the counts are (EP 1 on CUDA: no host
+    sync; the total row count is known on the host from the tensors' shapes).
+    """
+    if len(inputs) == 1:
+        return inputs[0], counts_CL[0]
+    cats = [torch.cat([inp[i] for inp in inputs]) for i in range(4)]  # x, a, dh, dy
+    device = cats[0].device
+    on_device = isinstance(counts_CL[0], torch.Tensor)
+    c_CL = torch.stack(list(counts_CL)) if on_device else torch.tensor(counts_CL, dtype=torch.int64)
+    rows_C = c_CL.sum(1)
+    # Source start of block (c, j) in the concatenation; destination start in expert-major order.
+    src_CL = (torch.cumsum(rows_C, 0) - rows_C).unsqueeze(1) + (torch.cumsum(c_CL, 1) - c_CL)
+    c_LC, src_LC = c_CL.t().reshape(-1), src_CL.t().reshape(-1)
+    dst_LC = torch.cumsum(c_LC, 0) - c_LC
+    total = cats[0].shape[0]
+    # idx[p] = src(block of p) + (p - dst(block of p)): repeat each block's shift over its rows.
+    idx = torch.repeat_interleave(src_LC - dst_LC, c_LC, output_size=total) + \
+        torch.arange(total, device=c_CL.device)
+    if not on_device:  # built on the host from host counts: a pinned, non-blocking copy (no host sync)
+        idx = idx.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else idx.to(device)
+    merged = tuple(t.index_select(0, idx) for t in cats)
+    counts = c_CL.sum(0) if on_device else tuple(int(v) for v in c_CL.sum(0).tolist())
+    return (*merged, None), counts  # offsets: experts_wgrad builds them from the merged counts
 
 
 def _wgrad_closure(wgrad_inputs, w1_param, w2_param, w1, w2, counts):
@@ -178,8 +220,8 @@ def _wgrad_closure(wgrad_inputs, w1_param, w2_param, w1, w2, counts):
 
 
 def run_chunked(x_TD, routing: Routing, experts: GroupedExperts, *, num_experts: int, group, chunks: int,
-                comm_stream=None, wgrad_store: WgradStore | None = None) -> torch.Tensor:
-    cp = plan_chunks(routing.experts_TK, num_experts, chunks, group)
+                comm_stream=None, wgrad_store: WgradStore | None = None, counts_group=None) -> torch.Tensor:
+    cp = plan_chunks(routing.experts_TK, num_experts, chunks, group, counts_group)
     args = _ChunkedArgs(cp, group, comm_stream, wgrad_store)
     return _ChunkedMoE.apply(x_TD, routing.probs_TK, experts.w1, experts.w2, args)
 

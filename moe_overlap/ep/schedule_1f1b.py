@@ -6,6 +6,7 @@ layer L-1-i); then B(M-1) alone. Per layer pair, the order of ANCHORS.md section
 
     comm    | combine_bwd(b)   | dispatch_fwd(f)  dispatch_bwd(b)            | combine_fwd(f)
     compute | pre_dispatch(f)  | experts_dgrad(b) expert_wgrad(b) experts(f) | pre_dispatch_bwd(b) attn_wgrad(b)
+    host    |                  | waits for f's token counts while experts_dgrad(b) runs
 
 Every all-to-all is *started* before the compute it hides behind and *waited* after it. On CPU the
 wait blocks the host while gloo's thread moves the data; on CUDA `all_to_all_async` issues the
@@ -43,6 +44,7 @@ def _drain(store: WgradStore | None) -> None:
 def layer_forward(run: LayerRun, x_BSD):
     """The four forward nodes of one layer, each all-to-all waited at once (no partner to hide behind)."""
     run.pre_forward(x_BSD)
+    run.plan_wait()
     run.dispatch_forward_start()
     run.dispatch_forward_wait()
     run.experts_forward()
@@ -78,12 +80,18 @@ def backward_micro_batch(mb: MicroBatchRun, store: WgradStore | None) -> None:
 
 
 def layer_pair(f: LayerRun, b: LayerRun, x_BSD, g_BSD, store: WgradStore | None):
-    """Forward of layer i (micro-batch k+1) interleaved with backward of layer L-1-i (micro-batch k)."""
+    """Forward of layer i (micro-batch k+1) interleaved with backward of layer L-1-i (micro-batch k).
+
+    The host waits for f's token counts (the layer's one host sync at EP > 1) only after b's expert
+    dgrad is queued, so the GPU computes while the host waits; f's dispatch is issued after that dgrad
+    but waits only for f's own pre-dispatch event, so the two still run side by side.
+    """
     b.combine_backward_start(g_BSD)  # comm: reverse combine a2a
-    f.pre_forward(x_BSD)  # compute: attention, norm, router, permute
+    f.pre_forward(x_BSD)  # compute: attention, norm, router, permute; the counts start moving
     b.combine_backward_wait()
-    f.dispatch_forward_start()  # comm: dispatch a2a
     b.experts_backward()  # compute: experts dgrad (wgrad deferred when store is set)
+    f.plan_wait()  # host: f's counts -> plan, while the GPU runs the dgrad
+    f.dispatch_forward_start()  # comm: dispatch a2a (after f's pre-dispatch only)
     b.dispatch_backward_start()  # comm: reverse dispatch a2a
     _drain(store)  # compute: expert wgrad while the backward dispatch is in flight
     f.dispatch_forward_wait()

@@ -14,11 +14,16 @@ import torch
 
 
 def make_comm_stream(device: torch.device | str) -> torch.cuda.Stream | None:
-    """A new high-priority-free CUDA stream for collectives, or None on CPU."""
+    """A new high-priority CUDA stream for collectives, or None on CPU.
+
+    High priority: when a collective and a GEMM become ready together, the block scheduler hands free SMs
+    to the collective's blocks first; a persistent GEMM that took every SM first would otherwise hold
+    the collective back until it ends (no overlap at all). It does not preempt running blocks.
+    """
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    return torch.cuda.Stream(device=device)
+    return torch.cuda.Stream(device=device, priority=-1)
 
 
 def current_stream(device: torch.device) -> torch.cuda.Stream | None:

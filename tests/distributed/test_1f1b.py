@@ -27,7 +27,7 @@ def _batches(rank: int, step: int, cfg, num: int, batch: int = 2, seq: int = 8):
     return out
 
 
-def _train(cfg, group, rank, schedule, delay, micro_batches, steps=STEPS):
+def _train(cfg, group, rank, schedule, delay, micro_batches, steps=STEPS, counts_group=None):
     from moe_overlap.ep.model import MoETransformer
     from moe_overlap.ep.step import forward_backward
 
@@ -36,7 +36,7 @@ def _train(cfg, group, rank, schedule, delay, micro_batches, steps=STEPS):
     losses, grads, notes = [], None, []
     for step in range(steps):
         res = forward_backward(model, _batches(rank, step, cfg, micro_batches), schedule=schedule,
-                               delay_wgrad=delay, chunks=1, group=group)
+                               delay_wgrad=delay, chunks=1, group=group, counts_group=counts_group)
         losses.append(res.losses)
         notes += res.notes
         if step == 0:
@@ -54,6 +54,12 @@ def _body(rank, world, group, cfg_kwargs, extras):
     cfg = ModelConfig(**cfg_kwargs)
     out = {f"{s}+{d}": _train(cfg, group, rank, s, d, MICRO_BATCHES) for s, d in MODES}
     if extras:  # schedule-shape checks, once (world 2): the CPU budget of CI is small
+        import torch.distributed as dist
+
+        # Counts over their own host group (what GPU runs do, off the data communicator): same bits.
+        counts_group = dist.new_group(backend="gloo")
+        out["1f1b+True counts_group"] = _train(cfg, group, rank, "1f1b", True, MICRO_BATCHES,
+                                               counts_group=counts_group)
         out["single"] = _train(cfg, group, rank, "1f1b", True, 1, steps=2)
         out["single_ref"] = _train(cfg, group, rank, "none", False, 1, steps=2)
         out["trace"] = _trace_1f1b(cfg, group, rank)
@@ -151,6 +157,7 @@ def test_1f1b_bitwise_equals_sequential(world):
         _assert_bitwise(ref, res["1f1b+True"], f"rank {rank} 1f1b+delayed wgrad")
         assert not res["1f1b+True"]["notes"]
         if world == 2:
+            _assert_bitwise(ref, res["1f1b+True counts_group"], f"rank {rank} 1f1b, counts over a host group")
             _assert_bitwise(res["single_ref"], res["single"], f"rank {rank} 1f1b with one micro-batch")
             assert any("single-micro-batch" in n for n in res["single"]["notes"])
             _check_trace(res["trace"], cfg["num_layers"])
@@ -172,7 +179,8 @@ def _expected_overlapped_step(num_layers: int) -> list[tuple[str, int, int]]:
     for i in range(num_layers):
         f, b = (1, i), (0, num_layers - 1 - i)
         out += [("combine_backward_start", *b), ("pre_forward", *f), ("combine_backward_wait", *b),
-                ("dispatch_forward_start", *f), ("experts_backward", *b), ("dispatch_backward_start", *b),
+                ("experts_backward", *b), ("plan_wait", *f),  # the host waits for f's counts under b's dgrad
+                ("dispatch_forward_start", *f), ("dispatch_backward_start", *b),
                 ("wgrad", 1, -1),  # b's one expert-wgrad closure, under b's backward dispatch
                 ("dispatch_forward_wait", *f), ("experts_forward", *f), ("combine_forward_start", *f),
                 ("dispatch_backward_wait", *b), ("pre_backward", *b),
@@ -182,7 +190,7 @@ def _expected_overlapped_step(num_layers: int) -> list[tuple[str, int, int]]:
 
 
 def _check_trace(trace, num_layers: int) -> None:
-    fwd = ["pre_forward", "dispatch_forward_start", "dispatch_forward_wait", "experts_forward",
+    fwd = ["pre_forward", "plan_wait", "dispatch_forward_start", "dispatch_forward_wait", "experts_forward",
            "combine_forward_start", "combine_forward_wait"]
     first = [(n, 0, i) for i in range(num_layers) for n in fwd]
     pair = _expected_overlapped_step(num_layers)
