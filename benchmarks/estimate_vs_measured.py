@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from moe_overlap.skill.estimate import estimate_overlap_benefit, parse_request  # noqa: E402
+from moe_overlap.skill.estimate.api import estimate_overlap_benefit, parse_request  # noqa: E402
 from moe_overlap.verify.calibrate import calibration_from, slowest_median  # noqa: E402
 from moe_overlap.verify.ranks import run_ranks  # noqa: E402
 

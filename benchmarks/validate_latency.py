@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from moe_overlap.skill.validate import validate_config  # noqa: E402
+from moe_overlap.skill.rules.validate import validate_config  # noqa: E402
 
 CONFIG = ROOT / "examples" / "ep-overlap-alltoall.yaml"
 GIVEN = {"torch_version": "2.6.0", "te_version": "2.7.0", "gpu": "H100", "megatron_core_version": "0.16.1"}

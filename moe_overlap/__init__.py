@@ -2,7 +2,7 @@
 
 Sub-packages:
   ep/      the overlapped MoE implementation (torch)
-  skill/   torch-free agent logic: cards, config model, rules, generate, logs, diagnose, estimate
+  skill/   torch-free agent logic: card/, config/, rules/, generate/, estimate/, diagnose/
   verify/  verification runs: launcher, worker, report
 """
 

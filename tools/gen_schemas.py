@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate schemas/*.json from their pydantic models (moe_overlap.skill.schemas.SCHEMA_MODELS).
+"""Regenerate schemas/*.json from their pydantic models (moe_overlap.skill.card.schemas.SCHEMA_MODELS).
 
     python tools/gen_schemas.py          # write
     python tools/gen_schemas.py --check  # exit 1 if any committed schema is stale
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from moe_overlap.skill.schemas import SCHEMA_MODELS, generate_schema, render  # noqa: E402
+from moe_overlap.skill.card.schemas import SCHEMA_MODELS, generate_schema, render  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1] / "schemas"
 

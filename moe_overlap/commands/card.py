@@ -47,7 +47,7 @@ def _list_text(skills) -> str:
 
 
 def run(args) -> int:
-    from moe_overlap.skill.cards import CardError, CardFileError, get_card_field, list_skills, load_card
+    from moe_overlap.skill.card.cards import CardError, CardFileError, get_card_field, list_skills, load_card
 
     try:
         if args.name is None:

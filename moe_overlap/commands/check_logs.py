@@ -48,7 +48,7 @@ def _read_log(path: Path) -> str:
 def run(args) -> int:
     import sys
 
-    from moe_overlap.skill.logs import check_training_log
+    from moe_overlap.skill.diagnose.logs import check_training_log
 
     text = sys.stdin.read() if args.log == "-" else _read_log(Path(args.log))
     if not text.strip():

@@ -32,8 +32,8 @@ def render_text(result) -> str:
 
 
 def run(args) -> int:
-    from moe_overlap.skill.cards import CardError
-    from moe_overlap.skill.diagnose import diagnose
+    from moe_overlap.skill.card.cards import CardError
+    from moe_overlap.skill.diagnose.api import diagnose
 
     try:
         result = diagnose(args.text, limit=args.limit, skill=args.skill)

@@ -18,7 +18,7 @@ _FIELDS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from moe_overlap.skill.hardware import GPUS, LINKS
+    from moe_overlap.skill.estimate.hardware import GPUS, LINKS
 
     g = p.add_argument_group("shape (per rank)")
     g.add_argument("--hidden", type=int, required=True, help="hidden size D")
@@ -53,8 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moe_overlap.skill.estimate import EstimateError, estimate_overlap_benefit, parse_request
-    from moe_overlap.skill.estimate_text import render_text
+    from moe_overlap.skill.estimate.api import EstimateError, estimate_overlap_benefit, parse_request
+    from moe_overlap.skill.estimate.text import render_text
 
     data = {field: getattr(args, flag) for flag, field in _FIELDS.items() if getattr(args, flag) is not None}
     if args.link_gbps is not None:

@@ -17,9 +17,9 @@ _FIELDS = ("ep", "experts", "topk", "dispatcher", "flex_backend", "gpu", "precis
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from moe_overlap.skill.generate_resolve import STAGES
-    from moe_overlap.skill.presets import PRESETS
-    from moe_overlap.skill.render import FORMATS
+    from moe_overlap.skill.generate.presets import PRESETS
+    from moe_overlap.skill.generate.render import FORMATS
+    from moe_overlap.skill.generate.resolve import STAGES
 
     g = p.add_argument_group("model and layout")
     g.add_argument("--ep", type=int, help="expert-parallel size (expert_model_parallel_size)")
@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _request(args: argparse.Namespace):
     from pydantic import ValidationError
 
-    from moe_overlap.skill.generate import GenerateRequest
+    from moe_overlap.skill.generate.model import GenerateRequest
 
     data = {name: getattr(args, name) for name in _FIELDS if getattr(args, name, None) is not None}
     data["plan"] = bool(args.plan)
@@ -93,7 +93,8 @@ def _refused(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moe_overlap.skill.generate import GenerateError, generate_config
+    from moe_overlap.skill.generate.api import generate_config
+    from moe_overlap.skill.generate.resolve import GenerateError
 
     req = _request(args)
     try:

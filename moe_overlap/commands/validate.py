@@ -19,8 +19,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from moe_overlap.skill.config_load import ConfigError
-    from moe_overlap.skill.validate import render_text, validate_config
+    from moe_overlap.skill.config.load import ConfigError
+    from moe_overlap.skill.rules.validate import render_text, validate_config
 
     if args.config is None and not args.argv and not args.overrides:
         raise CommandError("no config given", fix="moe-overlap validate CONFIG.yaml, or --argv \"...\"")

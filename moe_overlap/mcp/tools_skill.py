@@ -21,7 +21,7 @@ from moe_overlap.mcp import safety
 from moe_overlap.mcp.results import CardField, SkillInfo, SkillList, Truncation
 from moe_overlap.mcp.safety import AllowedRoots, read_text_file
 from moe_overlap.mcp.toolkit import ArgumentGuard, add_model_tool, annotations
-from moe_overlap.skill.schemas import resolve
+from moe_overlap.skill.card.schemas import resolve
 
 logger = logging.getLogger(__name__)
 READ_ONLY = dict(read_only=True, destructive=False, idempotent=True, open_world=False)
@@ -63,7 +63,7 @@ def config_source(inp: Any, roots: AllowedRoots) -> Any:
     if inp.config_path is not None:
         return roots.resolve_file(inp.config_path, field="config_path")
     if inp.config_text is not None:
-        from moe_overlap.skill.config_load import ConfigError, parse_text
+        from moe_overlap.skill.config.load import ConfigError, parse_text
 
         try:
             return parse_text(inp.config_text, name="config_text")
@@ -74,7 +74,7 @@ def config_source(inp: Any, roots: AllowedRoots) -> Any:
 
 def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> None:
     async def list_skills(inp: ins.ListSkillsInput, ctx: Context) -> SkillList:
-        from moe_overlap.skill import cards
+        from moe_overlap.skill.card import cards
 
         try:
             found = await anyio.to_thread.run_sync(cards.list_skills)
@@ -86,7 +86,7 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
             card_uri=f"skill://{s.name}/card.yaml") for s in found])
 
     async def get_skill_card(inp: ins.GetSkillCardInput, ctx: Context) -> CardField:
-        from moe_overlap.skill import cards
+        from moe_overlap.skill.card import cards
 
         try:
             value = await anyio.to_thread.run_sync(cards.get_card_field, inp.name, inp.field)
@@ -96,8 +96,8 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
         return CardField(name=inp.name, field=inp.field, value=value)
 
     async def validate_config(inp: ins.ValidateConfigInput, ctx: Context) -> Any:
-        from moe_overlap.skill import validate
-        from moe_overlap.skill.config_load import ConfigError
+        from moe_overlap.skill.config.load import ConfigError
+        from moe_overlap.skill.rules import validate
 
         source = config_source(inp, roots)
         try:
@@ -109,7 +109,7 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
             raise as_tool_error(exc, "config") from None
 
     async def generate_config(inp: Any, ctx: Context) -> Any:
-        from moe_overlap.skill import generate
+        from moe_overlap.skill.generate import api as generate
 
         try:
             return await anyio.to_thread.run_sync(generate.generate_config, inp)
@@ -119,7 +119,7 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
     log_result: dict[str, Any] = {}  # the output model, built with the other models below
 
     async def check_training_log(inp: ins.CheckLogInput, ctx: Context) -> Any:
-        from moe_overlap.skill import logs
+        from moe_overlap.skill.diagnose import logs
 
         text, source, cut = inp.text, "inline text", None
         if inp.path is not None:
@@ -136,7 +136,7 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
         return log_result["model"](**result.model_dump(), source=source, truncated=cut)
 
     async def diagnose_failure(inp: ins.DiagnoseInput, ctx: Context) -> Any:
-        from moe_overlap.skill import diagnose
+        from moe_overlap.skill.diagnose import api as diagnose
 
         try:
             return await anyio.to_thread.run_sync(lambda: diagnose.diagnose(inp.text, limit=inp.limit))
@@ -144,7 +144,7 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
             raise as_tool_error(exc, "text") from None
 
     async def estimate_overlap_benefit(inp: Any, ctx: Context) -> Any:
-        from moe_overlap.skill import estimate
+        from moe_overlap.skill.estimate import api as estimate
 
         try:
             return await anyio.to_thread.run_sync(estimate.estimate_overlap_benefit, inp)
@@ -158,25 +158,25 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
          "List the agent skills this server serves (name, summary, validation status, resource URIs)."),
         ("get_skill_card", ins.GetSkillCardInput, CardField, get_skill_card, "Read a skill card",
          "Return a skill card (constraints, failure modes, minimal example, evidence), whole or one dotted field."),
-        ("validate_config", ins.ValidateConfigInput, "moe_overlap.skill.validate:ValidationResult", validate_config,
+        ("validate_config", ins.ValidateConfigInput, "moe_overlap.skill.rules.validate:ValidationResult", validate_config,
          "Validate a config",
          "Check a training config (object, YAML/JSON text, Megatron-LM flags or a file) against every "
          "EP-overlap constraint; returns findings with rule id, path, message, fix and source. Versions not "
          "given are detected on the machine running this server (see `environment` in the result)."),
-        ("generate_config", "moe_overlap.skill.generate:GenerateRequest", "moe_overlap.skill.generate:GenerateResult",
+        ("generate_config", "moe_overlap.skill.generate.model:GenerateRequest", "moe_overlap.skill.generate.model:GenerateResult",
          generate_config, "Generate a config",
          "Generate a minimal working EP-overlap config (or a staged rollout) in the requested format; "
          "the result is validated before it is returned."),
-        ("check_training_log", ins.CheckLogInput, "moe_overlap.skill.logs:LogCheckResult", check_training_log,
+        ("check_training_log", ins.CheckLogInput, "moe_overlap.skill.diagnose.logs:LogCheckResult", check_training_log,
          "Check a training log",
          "Read a training log (text, or a file under an allowed folder): effective overlap settings, "
          "warnings and failures, each with the rule or failure mode it matches."),
-        ("diagnose_failure", ins.DiagnoseInput, "moe_overlap.skill.diagnose:DiagnosisResult", diagnose_failure,
+        ("diagnose_failure", ins.DiagnoseInput, "moe_overlap.skill.diagnose.api:DiagnosisResult", diagnose_failure,
          "Diagnose a failure",
          "Match an error message or symptom to the card's failure modes, ranked, with how to confirm, "
          "the fix and the rule ids."),
-        ("estimate_overlap_benefit", "moe_overlap.skill.estimate:EstimateRequest",
-         "moe_overlap.skill.estimate:EstimateResult", estimate_overlap_benefit, "Estimate the overlap gain",
+        ("estimate_overlap_benefit", "moe_overlap.skill.estimate.model:EstimateRequest",
+         "moe_overlap.skill.estimate.model:EstimateResult", estimate_overlap_benefit, "Estimate the overlap gain",
          "Predict the step-time gain of EP communication overlap for a MoE shape, EP degree and fabric, "
          "with every assumption listed."),
     ]

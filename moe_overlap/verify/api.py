@@ -79,7 +79,7 @@ def _runs(plan: Plan, records: dict[int, list[dict[str, Any]]]) -> list[ModeRun]
 
 def _log_checks(plan: Plan, runs: list[ModeRun]) -> dict[str, Any]:
     """The seed's log checks on every rank's log of every mode that ran."""
-    from moe_overlap.skill.logs import check_training_log
+    from moe_overlap.skill.diagnose.logs import check_training_log
 
     out: dict[str, Any] = {}
     for run, spec in zip(runs, plan.specs, strict=True):

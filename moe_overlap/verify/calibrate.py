@@ -28,7 +28,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from moe_overlap.skill.estimate_model import Calibration
+from moe_overlap.skill.estimate.model import Calibration
 from moe_overlap.verify.ranks import RanksFailed, run_ranks
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}

@@ -121,7 +121,8 @@ def _flatten(source: dict[str, Any]) -> dict[str, Any]:
 
 def _skill_parse(source: dict[str, Any]) -> dict[str, Any]:
     """Read through the validator's parser (Bridge precedence: comm_overlap overrides model)."""
-    from moe_overlap.skill.config import ConfigError, effective_values, parse_config
+    from moe_overlap.skill.config.load import ConfigError
+    from moe_overlap.skill.config.model import effective_values, parse_config
 
     try:
         parsed = parse_config(source)
@@ -194,7 +195,7 @@ def read_source(source: str | Path | dict[str, Any]) -> dict[str, Any]:
     column of syntax errors, duplicate keys, size limit, binary input)."""
     if isinstance(source, dict):
         return source
-    from moe_overlap.skill.config_load import ConfigError, read_file
+    from moe_overlap.skill.config.load import ConfigError, read_file
 
     path = Path(source)
     if not path.exists():

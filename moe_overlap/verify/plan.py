@@ -161,7 +161,7 @@ def prepare_out(plan: Plan) -> Path:
 
 def validate_modes(plan: Plan) -> dict[str, Any]:
     """Criterion 1's evidence: the validator's result for the config of every overlap mode."""
-    from moe_overlap.skill.validate import validate_config
+    from moe_overlap.skill.rules.validate import validate_config
     results, waived = {}, []
     for spec in plan.specs:
         if not spec.overlap:
@@ -178,5 +178,5 @@ def validate_modes(plan: Plan) -> dict[str, Any]:
                 waived.append({"mode": spec.name, "rule": f["rule"], "reason": WAIVERS[f["rule"]]})
         res["valid"] = not any(f.get("severity") == "error" and not f.get("waived") for f in res.get("findings", []))
         results[spec.name] = res
-    return {"available": True, "source": "moe_overlap.skill.validate.validate_config", "results": results,
+    return {"available": True, "source": "moe_overlap.skill.rules.validate.validate_config", "results": results,
             "waived": waived}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jsonschema
 
-from moe_overlap.skill.schemas import load_schema
+from moe_overlap.skill.card.schemas import load_schema
 
 TOKEN_ENV = "MOE_OVERLAP_VERIFY_TEST_TOKEN"
 

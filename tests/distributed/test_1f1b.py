@@ -211,7 +211,7 @@ def test_delayed_wgrad_without_1f1b_is_the_validator_rule(schedule):
 
 def test_wgrad_rule_id_is_a_card_constraint():
     from moe_overlap.ep.step import WGRAD_RULE_ID
-    from moe_overlap.skill.cards import load_card
+    from moe_overlap.skill.card.cards import load_card
 
     assert WGRAD_RULE_ID in {c.id for c in load_card().constraints}
 

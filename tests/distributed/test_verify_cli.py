@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from moe_overlap.skill.logs import check_training_log
+from moe_overlap.skill.diagnose.logs import check_training_log
 from moe_overlap.verify.api import run_verification
 from moe_overlap.verify.options import VerifyOptions
 from moe_overlap.verify.plan import VerifyInputError, make_plan

@@ -8,10 +8,10 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from moe_overlap.skill import cards
-from moe_overlap.skill.card_model import Card
-from moe_overlap.skill.cards import CardError, CardFileError, get_card_field, load_card, load_card_file
-from moe_overlap.skill.schemas import load_schema
+from moe_overlap.skill.card import cards
+from moe_overlap.skill.card.cards import CardError, CardFileError, get_card_field, load_card, load_card_file
+from moe_overlap.skill.card.model import Card
+from moe_overlap.skill.card.schemas import load_schema
 
 SKILL = "perf-expert-parallel-overlap"
 CARD = cards.card_path(SKILL)
@@ -278,7 +278,7 @@ def test_references_exist(card):
 
 
 def test_own_code_anchors_exist(card):
-    root = Path(cards.__file__).resolve().parents[2]
+    root = Path(cards.__file__).resolve().parents[3]
     if not (root / "moe_overlap").is_dir() or not (root / "pyproject.toml").is_file():
         pytest.skip("not a checkout")
     for anchor in card.code_anchors:
@@ -350,7 +350,7 @@ def test_cli_card_unknown_name_and_field_exit_2(capsys):
 
 
 def test_minimal_example_is_valid_for_the_validator(card):
-    from moe_overlap.skill.validate import validate_config
+    from moe_overlap.skill.rules.validate import validate_config
 
     result = validate_config(card.minimal_example.config, torch_version="2.6.0")
     assert result.valid, [f.rule for f in result.findings]

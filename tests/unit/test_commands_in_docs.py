@@ -7,7 +7,7 @@ import pytest
 
 from moe_overlap.cli import COMMANDS, build_parser
 from moe_overlap.paths import docs_dir, skills_dir
-from moe_overlap.skill.cards import load_card
+from moe_overlap.skill.card.cards import load_card
 
 SKILL = skills_dir() / "perf-expert-parallel-overlap"
 MARKDOWN = [SKILL / "SKILL.md", docs_dir() / "training" / "communication-overlap.md", docs_dir() / "troubleshooting.md"]

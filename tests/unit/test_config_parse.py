@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_overlap.skill.config import ConfigError, effective_values, parse_config
+from moe_overlap.skill.config.load import ConfigError
+from moe_overlap.skill.config.model import effective_values, parse_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from moe_overlap.cli import main
-from moe_overlap.skill.cards import load_card
-from moe_overlap.skill.diagnose import diagnose
+from moe_overlap.skill.card.cards import load_card
+from moe_overlap.skill.diagnose.api import diagnose
 
 CASES = [
     ("AssertionError: disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm",
@@ -137,8 +137,8 @@ def test_card_and_diagnose_stay_torch_free():
     import subprocess
     import sys
 
-    code = ("import sys; import moe_overlap.skill.cards, moe_overlap.skill.diagnose, moe_overlap.commands.card, "
-            "moe_overlap.commands.diagnose; from moe_overlap.skill.diagnose import diagnose; diagnose('oom'); "
+    code = ("import sys; import moe_overlap.skill.card.cards, moe_overlap.skill.diagnose.api, moe_overlap.commands.card, "
+            "moe_overlap.commands.diagnose; from moe_overlap.skill.diagnose.api import diagnose; diagnose('oom'); "
             "print(sorted(m for m in ('torch', 'megatron', 'mcp') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

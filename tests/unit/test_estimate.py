@@ -11,14 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moe_overlap.cli import main
-from moe_overlap.skill.estimate import (
-    Calibration,
-    EstimateError,
-    EstimateRequest,
-    estimate_overlap_benefit,
-    parse_request,
-)
-from moe_overlap.skill.timeline import NodeTimes, blend, layer_timeline, one_f_one_b_timeline
+from moe_overlap.skill.estimate.api import EstimateError, estimate_overlap_benefit, parse_request
+from moe_overlap.skill.estimate.model import Calibration, EstimateRequest
+from moe_overlap.skill.estimate.timeline import NodeTimes, blend, layer_timeline, one_f_one_b_timeline
 
 BASE = dict(hidden=1024, moe_ffn=512, experts=16, topk=4, tokens=2048, ep=8, micro_batches=4, layers=2,
             fabric="h100-nvlink+ib-400g", gpu_preset="h200")
@@ -257,7 +252,7 @@ def test_cli_bad_input_exit_2(capsys):
 
 
 def test_estimator_does_not_import_torch():
-    code = ("import sys; import moe_overlap.skill.estimate, moe_overlap.commands.estimate, "
+    code = ("import sys; import moe_overlap.skill.estimate.api, moe_overlap.commands.estimate, "
             "moe_overlap.verify.calibrate; sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

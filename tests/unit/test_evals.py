@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from moe_overlap.skill.cards import CardFileError, load_card, load_evals, load_evals_file, skill_dir
-from moe_overlap.skill.evals_model import REQUIRED_TOPICS
-from moe_overlap.skill.schemas import load_schema
+from moe_overlap.skill.card.cards import CardFileError, load_card, load_evals, load_evals_file, skill_dir
+from moe_overlap.skill.card.evals import REQUIRED_TOPICS
+from moe_overlap.skill.card.schemas import load_schema
 
 SKILL = "perf-expert-parallel-overlap"
 EVALS = skill_dir(SKILL) / "evals" / "evals.json"
@@ -118,7 +118,7 @@ def test_too_few_evals_rejected(tmp_path):
 
 
 def test_flex_eval_file_is_caught_by_the_validator(evals):
-    from moe_overlap.skill.validate import validate_config
+    from moe_overlap.skill.rules.validate import validate_config
 
     case = next(c for c in evals.evals if "flex-backend-needs-flex-dispatcher" in c.rule_ids and c.files)
     result = validate_config(str(skill_dir(SKILL) / case.files[0]), torch_version="2.6.0", gpu="H100")

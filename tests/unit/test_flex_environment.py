@@ -4,12 +4,12 @@ import subprocess
 
 import pytest
 
-from moe_overlap.skill import environment
-from moe_overlap.skill.config import ConfigError
-from moe_overlap.skill.environment import detect_environment, parse_gpu
-from moe_overlap.skill.flex import apply_flex_dispatcher_backend, backend_supported
-from moe_overlap.skill.validate import validate_config
-from moe_overlap.skill.versions import at_least, parse_version, select_core
+from moe_overlap.skill.config.load import ConfigError
+from moe_overlap.skill.rules import environment
+from moe_overlap.skill.rules.environment import detect_environment, parse_gpu
+from moe_overlap.skill.rules.flex_backend import apply_flex_dispatcher_backend, backend_supported
+from moe_overlap.skill.rules.validate import validate_config
+from moe_overlap.skill.rules.versions import at_least, parse_version, select_core
 
 BASE = {"comm_overlap": {"overlap_moe_expert_parallel_comm": True},
         "model": {"expert_model_parallel_size": 8, "num_moe_experts": 64, "moe_token_dispatcher_type": "alltoall",

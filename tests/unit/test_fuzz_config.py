@@ -4,8 +4,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moe_overlap.skill.config import ConfigError, ModelSection, OverlapConfig, parse_config
-from moe_overlap.skill.validate import validate_config
+from moe_overlap.skill.config.load import ConfigError
+from moe_overlap.skill.config.model import ModelSection, OverlapConfig, parse_config
+from moe_overlap.skill.rules.validate import validate_config
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -8,18 +8,13 @@ import yaml
 
 from moe_overlap.cli import main
 from moe_overlap.paths import examples_dir
-from moe_overlap.skill.config import effective_values, parse_config
-from moe_overlap.skill.flex import apply_flex_dispatcher_backend
-from moe_overlap.skill.generate import (
-    FORMATS,
-    STAGES,
-    GenerateError,
-    GenerateRequest,
-    generate_config,
-    render,
-    request_argv,
-)
-from moe_overlap.skill.presets import PRESETS, get_preset
+from moe_overlap.skill.config.model import effective_values, parse_config
+from moe_overlap.skill.generate.api import generate_config, request_argv
+from moe_overlap.skill.generate.model import GenerateRequest
+from moe_overlap.skill.generate.presets import PRESETS, get_preset
+from moe_overlap.skill.generate.render import FORMATS, render
+from moe_overlap.skill.generate.resolve import STAGES, GenerateError
+from moe_overlap.skill.rules.flex_backend import apply_flex_dispatcher_backend
 from moe_overlap.verify.config import VerifyConfig
 
 ENV = {"torch_version": "2.6.0", "te_version": "2.7.0", "gpu": "H100"}

@@ -6,10 +6,11 @@ import itertools
 
 import pytest
 
-from moe_overlap.skill.config import effective_values, parse_config
-from moe_overlap.skill.generate import RECOMMENDED_ENV, GenerateRequest, generate_config
-from moe_overlap.skill.render import megatron_argv, override_items, render
-from moe_overlap.skill.validate import validate_config
+from moe_overlap.skill.config.model import effective_values, parse_config
+from moe_overlap.skill.generate.api import generate_config
+from moe_overlap.skill.generate.model import RECOMMENDED_ENV, GenerateRequest
+from moe_overlap.skill.generate.render import megatron_argv, override_items, render
+from moe_overlap.skill.rules.validate import validate_config
 
 # Warnings a stage is expected to carry by design (the plan's order is the point of the warning).
 EXPECTED_WARNINGS = {"baseline": set(), "overlap": set(), "overlap+wgrad": {"wgrad-not-in-first-rollout"},

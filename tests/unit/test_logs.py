@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from moe_overlap.skill.logs import check_training_log
+from moe_overlap.skill.diagnose.logs import check_training_log
 
 
 def _status(res, cid):
@@ -119,7 +119,7 @@ def test_last_value_wins_and_key_value_form():
 
 
 def test_module_is_torch_free():
-    code = "import sys, moe_overlap.skill.logs; assert 'torch' not in sys.modules"
+    code = "import sys, moe_overlap.skill.diagnose.logs; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -15,8 +15,8 @@ import warnings
 
 import pytest
 
-from moe_overlap.skill.validate import validate_config
-from moe_overlap.skill.versions import at_least
+from moe_overlap.skill.rules.validate import validate_config
+from moe_overlap.skill.rules.versions import at_least
 
 tc = pytest.importorskip("megatron.core.transformer.transformer_config")
 CORE_VERSION = pytest.importorskip("importlib.metadata").version("megatron-core")

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moe_overlap.skill.cards import load_card
-from moe_overlap.skill.rules import all_rules
-from moe_overlap.skill.validate import validate_config
+from moe_overlap.skill.card.cards import load_card
+from moe_overlap.skill.rules.registry import all_rules
+from moe_overlap.skill.rules.validate import validate_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 OV = "comm_overlap.overlap_moe_expert_parallel_comm=true"

@@ -3,7 +3,7 @@
 import pytest
 from jsonschema import Draft202012Validator
 
-from moe_overlap.skill.schemas import SCHEMA_MODELS, generate_schema, load_schema, render
+from moe_overlap.skill.card.schemas import SCHEMA_MODELS, generate_schema, load_schema, render
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMA_MODELS))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_overlap.skill.cards import load_card, read_frontmatter, skill_dir
+from moe_overlap.skill.card.cards import load_card, read_frontmatter, skill_dir
 
 SKILL = "perf-expert-parallel-overlap"
 FOLDER = skill_dir(SKILL)

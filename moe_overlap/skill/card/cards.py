@@ -15,10 +15,11 @@ import yaml
 from pydantic import BaseModel
 
 from moe_overlap.paths import skills_dir
-from moe_overlap.skill import card_model, evals_model
-from moe_overlap.skill.card_model import Card
-from moe_overlap.skill.docfile import DocumentError, Problem, load_model
-from moe_overlap.skill.evals_model import EvalSet
+from moe_overlap.skill.card import evals as evals_model
+from moe_overlap.skill.card import model as card_model
+from moe_overlap.skill.card.docfile import DocumentError, Problem, load_model
+from moe_overlap.skill.card.evals import EvalSet
+from moe_overlap.skill.card.model import Card
 
 DEFAULT_SKILL = "perf-expert-parallel-overlap"
 CARD_FILE = "card.yaml"
@@ -75,7 +76,7 @@ def read_frontmatter(skill_md: Path) -> dict[str, Any]:
 
 
 def _card_schema() -> dict | None:
-    from moe_overlap.skill.schemas import load_schema
+    from moe_overlap.skill.card.schemas import load_schema
 
     try:
         return load_schema("card.schema.json")
@@ -109,7 +110,7 @@ def load_card_file(path: Path) -> Card:
 
 
 def load_evals_file(path: Path, card: Card | None = None) -> EvalSet:
-    from moe_overlap.skill.schemas import load_schema
+    from moe_overlap.skill.card.schemas import load_schema
 
     try:
         schema = load_schema("evals.schema.json")

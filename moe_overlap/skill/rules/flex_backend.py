@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from moe_overlap.skill.environment import parse_gpu
+from moe_overlap.skill.rules.environment import parse_gpu
 
 BACKENDS = ("deepep", "hybridep")
 

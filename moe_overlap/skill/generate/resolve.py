@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from moe_overlap.skill.config_load import ConfigError
-from moe_overlap.skill.environment import parse_gpu
-from moe_overlap.skill.flex import BACKENDS, backend_supported
-from moe_overlap.skill.presets import ModelPreset, PresetError, get_preset
-from moe_overlap.skill.versions import at_least, is_version_number
-
-if TYPE_CHECKING:
-    from moe_overlap.skill.generate import GenerateRequest
+from moe_overlap.skill.config.load import ConfigError
+from moe_overlap.skill.generate.model import GenerateRequest
+from moe_overlap.skill.generate.presets import ModelPreset, PresetError, get_preset
+from moe_overlap.skill.rules.environment import parse_gpu
+from moe_overlap.skill.rules.flex_backend import BACKENDS, backend_supported
+from moe_overlap.skill.rules.versions import at_least, is_version_number
 
 STAGES = ("baseline", "overlap", "overlap+wgrad", "flex")
 

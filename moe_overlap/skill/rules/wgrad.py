@@ -3,7 +3,7 @@ plus the Megatron-Core 0.16 checks the anchors do not list."""
 
 from __future__ import annotations
 
-from moe_overlap.skill.rules import BRIDGE_SRC, CORE_SRC, Ctx, Rule, Unchecked, needs_version
+from moe_overlap.skill.rules.base import BRIDGE_SRC, CORE_SRC, Ctx, Rule, Unchecked, needs_version
 
 ALL = ((0, 0), (99, 99))
 DW = "delay_wgrad_compute"

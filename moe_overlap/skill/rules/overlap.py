@@ -3,7 +3,7 @@ the release-specific MTP rule, and the warnings a careful engineer adds."""
 
 from __future__ import annotations
 
-from moe_overlap.skill.rules import BRIDGE_SRC, CORE_SRC, Ctx, Rule, Unchecked, needs_version
+from moe_overlap.skill.rules.base import BRIDGE_SRC, CORE_SRC, Ctx, Rule, Unchecked, needs_version
 
 ALL = ((0, 0), (99, 99))
 OV = "overlap_moe_expert_parallel_comm"

@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from moe_overlap.skill.config_load import ConfigError
-from moe_overlap.skill.versions import installed_version, is_version_number, parse_version
+from moe_overlap.skill.config.load import ConfigError
+from moe_overlap.skill.rules.versions import installed_version, is_version_number, parse_version
 
 Source = Literal["given", "detected", "unknown"]
 

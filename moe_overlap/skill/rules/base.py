@@ -1,7 +1,8 @@
 """A rule is data: id, severity, the keys it reads, a check, a message, a fix, a source and version bounds.
 
 Rule ids are the card's constraint ids (skills/perf-expert-parallel-overlap/card.yaml); a test checks both
-directions. The rule tables live in rules_overlap.py, rules_wgrad.py and rules_flex.py.
+directions. This file holds the types every rule table imports; the tables live in overlap.py, wgrad.py
+and flex.py, and registry.py collects them (so no table imports the file that imports it).
 
 A check returns ``None`` (holds), a dict of values for the message (violated), or ``Unchecked(reason)``
 when a fact it needs (a version, the GPU) is unknown: that becomes a warning, never a silent pass.
@@ -13,7 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from moe_overlap.skill.environment import Environment
+from moe_overlap.skill.rules.environment import Environment
+from moe_overlap.skill.rules.versions import at_least
 
 Severity = Literal["error", "warning", "info"]
 Release = tuple[int, int]
@@ -83,23 +85,8 @@ class Rule:
         return ctx.paths.get(self.reads[0], self.reads[0])
 
 
-def all_rules() -> tuple[Rule, ...]:
-    """Every rule of every family, in card order."""
-    from moe_overlap.skill.rules_flex import RULES as FLEX
-    from moe_overlap.skill.rules_overlap import RULES as OVERLAP
-    from moe_overlap.skill.rules_wgrad import RULES as WGRAD
-
-    return OVERLAP + WGRAD + FLEX
-
-
-def rules_for(line: Release) -> tuple[Rule, ...]:
-    return tuple(r for r in all_rules() if r.applies_to(line))
-
-
 def needs_version(name: str, version: str | None, minimum: str, why: str) -> Unchecked | bool:
     """True when `version` >= `minimum`, False when below, Unchecked when unknown."""
-    from moe_overlap.skill.versions import at_least
-
     ok = at_least(version, minimum)
     if ok is None:
         flag = "--torch-version" if name == "torch" else "--te-version"

@@ -15,13 +15,13 @@ from moe_overlap.paths import schemas_dir
 
 # file name under schemas/ -> "module:ModelName". Add one line per schema.
 SCHEMA_MODELS: dict[str, str] = {
-    "overlap-config.schema.json": "moe_overlap.skill.config:OverlapConfig",
-    "validation-result.schema.json": "moe_overlap.skill.validate:ValidationResult",
-    "card.schema.json": "moe_overlap.skill.card_model:Card",
-    "evals.schema.json": "moe_overlap.skill.evals_model:EvalSet",
+    "overlap-config.schema.json": "moe_overlap.skill.config.model:OverlapConfig",
+    "validation-result.schema.json": "moe_overlap.skill.rules.validate:ValidationResult",
+    "card.schema.json": "moe_overlap.skill.card.model:Card",
+    "evals.schema.json": "moe_overlap.skill.card.evals:EvalSet",
     "verification-report.schema.json": "moe_overlap.verify.report_model:VerificationReport",
-    "generate-result.schema.json": "moe_overlap.skill.generate:GenerateResult",
-    "estimate-result.schema.json": "moe_overlap.skill.estimate_model:EstimateResult",
+    "generate-result.schema.json": "moe_overlap.skill.generate.model:GenerateResult",
+    "estimate-result.schema.json": "moe_overlap.skill.estimate.model:EstimateResult",
 }
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

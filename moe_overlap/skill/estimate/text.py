@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moe_overlap.skill.estimate_model import EstimateRequest, EstimateResult, ResolvedHardware
+from moe_overlap.skill.estimate.model import EstimateRequest, EstimateResult, ResolvedHardware
 
 
 def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:

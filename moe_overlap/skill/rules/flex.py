@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from moe_overlap.skill.flex import backend_supported
-from moe_overlap.skill.rules import FLEX_SRC, Ctx, Rule, Unchecked
+from moe_overlap.skill.rules.base import FLEX_SRC, Ctx, Rule, Unchecked
+from moe_overlap.skill.rules.flex_backend import backend_supported
 
 
 def _backend_without_flex(c: Ctx):

@@ -82,7 +82,7 @@ def select_core(requested: str | None = None) -> CoreSelection:
                              "megatron-core not installed and no --megatron-core-version: newest known rules")
     parsed = parse_version(requested)
     if parsed is None or (source == "given" and not is_version_number(requested)):
-        from moe_overlap.skill.config_load import ConfigError
+        from moe_overlap.skill.config.load import ConfigError
 
         raise ConfigError(f"megatron-core version {requested!r} is not a version number",
                           field="megatron_core_version", fix="e.g. --megatron-core-version 0.16.1")

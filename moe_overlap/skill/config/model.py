@@ -16,8 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from moe_overlap.skill.argv import parse_argv
-from moe_overlap.skill.config_load import ConfigError, parse_text, read_file
+from moe_overlap.skill.config.argv import parse_argv
+from moe_overlap.skill.config.load import ConfigError, parse_text, read_file
 
 __all__ = ["ConfigError", "ConfigNote", "OverlapConfig", "parse_config", "effective_values"]
 

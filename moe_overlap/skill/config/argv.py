@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from moe_overlap.skill.config_load import ConfigError
+from moe_overlap.skill.config.load import ConfigError
 
 # flag -> (section, field, kind). kind: "true"/"false" (store_true / store_false), "int", "str", "list".
 FLAGS: dict[str, tuple[str, str, str]] = {

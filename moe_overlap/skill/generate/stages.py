@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from moe_overlap.skill.flex import apply_flex_dispatcher_backend
-from moe_overlap.skill.generate_resolve import Resolved
+from moe_overlap.skill.generate.resolve import Resolved
+from moe_overlap.skill.rules.flex_backend import apply_flex_dispatcher_backend
 
 PURPOSE = {
     "baseline": "the control: EP overlap off, same layout and precision. Record its loss curve and step time.",

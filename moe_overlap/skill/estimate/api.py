@@ -8,7 +8,7 @@ Torch-free. The model, per MoE layer and micro-batch (all ranks alike: balanced 
   the rank, (g-1)/N go to the other g-1 GPUs of the node (g = min(EP, GPUs per node)), the rest
   crosses nodes. Four all-to-alls per layer and micro-batch: dispatch and combine, forward and backward.
 * link time = max(intra bytes / intra bandwidth, inter bytes / inter bandwidth) + latency.
-* schedules are timelines of the layer's nodes on a compute and a comm stream (``skill/timeline.py``).
+* schedules are timelines of the layer's nodes on a compute and a comm stream (``skill/estimate/timeline.py``).
 
 Every assumption is returned in ``EstimateResult.assumptions``.
 """
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from moe_overlap.skill import hardware as hw
-from moe_overlap.skill.estimate_model import (
+from moe_overlap.skill.estimate import hardware as hw
+from moe_overlap.skill.estimate.model import (
     BYTES,
     Calibration,
     EstimateRequest,
@@ -27,8 +27,8 @@ from moe_overlap.skill.estimate_model import (
     ResolvedHardware,
     ScheduleEstimate,
 )
-from moe_overlap.skill.estimate_text import assumptions
-from moe_overlap.skill.timeline import NodeTimes, blend, layer_timeline, one_f_one_b_timeline
+from moe_overlap.skill.estimate.text import assumptions
+from moe_overlap.skill.estimate.timeline import NodeTimes, blend, layer_timeline, one_f_one_b_timeline
 
 __all__ = ["Calibration", "EstimateError", "EstimateRequest", "EstimateResult", "estimate_overlap_benefit",
            "parse_request"]

@@ -16,8 +16,8 @@ import re
 
 from pydantic import BaseModel, Field
 
-from moe_overlap.skill.card_model import Card, FailureMode
-from moe_overlap.skill.cards import DEFAULT_SKILL, load_card
+from moe_overlap.skill.card.cards import DEFAULT_SKILL, load_card
+from moe_overlap.skill.card.model import Card, FailureMode
 
 PATTERN_WEIGHT = 4.0  # the first matching pattern: an upstream message is near-certain evidence
 EXTRA_PATTERN_WEIGHT = 1.0

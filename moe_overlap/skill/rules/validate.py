@@ -8,10 +8,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from moe_overlap.skill.config import effective_values, parse_config
-from moe_overlap.skill.environment import Environment, detect_environment
-from moe_overlap.skill.rules import Ctx, Rule, Unchecked, rules_for
-from moe_overlap.skill.versions import select_core
+from moe_overlap.skill.config.model import effective_values, parse_config
+from moe_overlap.skill.rules.base import Ctx, Rule, Unchecked
+from moe_overlap.skill.rules.environment import Environment, detect_environment
+from moe_overlap.skill.rules.registry import rules_for
+from moe_overlap.skill.rules.versions import select_core
 
 
 class Finding(BaseModel):

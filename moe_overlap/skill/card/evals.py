@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from moe_overlap.skill.card_model import KEBAB, Card, ConstraintFamily
+from moe_overlap.skill.card.model import KEBAB, Card, ConstraintFamily
 
 EvalTopic = Literal[
     "isolate-plain-overlap", "constraint-family", "flex-activation", "versions", "when-not-to-use",

@@ -1,0 +1,7 @@
+"""estimate_overlap_benefit: `api.py` is the cost model (expert FLOPs and all-to-all bytes per layer, scheduled
+without and with overlap), `model.py` its request and result models, `hardware.py` the fabric and GPU presets with
+their sources, `timeline.py` the two-stream timelines the schedules are laid out on, and `text.py` the stated
+assumptions and the report for people. The calibration that measures real rates lives in verify/ (it needs torch).
+
+May import: (nothing else in moe_overlap)
+"""

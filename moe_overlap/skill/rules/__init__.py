@@ -1,0 +1,9 @@
+"""The constraints as data and the validator: `base.py` (Rule, Ctx, Unchecked: what every rule table imports),
+`overlap.py`, `wgrad.py`, `flex.py` (the rule tables, one per family), `registry.py` (the rule set of a
+Megatron-Core release line), `versions.py` (version strings and release lines), `environment.py` (torch / TE / GPU
+detected without importing them), `flex_backend.py` (Bridge's apply_flex_dispatcher_backend and backend support)
+and `validate.py` (validate_config: parse, run every rule, report findings). Rule tables import base.py only;
+registry.py imports the tables; nothing imports registry.py but validate.py.
+
+May import: moe_overlap.skill.config
+"""
