@@ -1,5 +1,7 @@
-"""VerifyConfig: the run configuration of a verification ("moe-overlap" format), and the mapping
-from a Megatron-Bridge-style / Megatron-LM config onto it (torch-free).
+"""VerifyConfig: the run configuration of a verification ("moe-overlap" format), and the one pass from
+a config source onto it (torch-free): read once; ours is validated as a VerifyConfig, a Megatron-Bridge-style
+or flat Megatron config is parsed once into the skill's OverlapConfig and mapped once onto a VerifyConfig.
+The parsed OverlapConfig travels on (LoadedConfig.parsed) to the validation of criterion 1, never re-read.
 
 Field names are Megatron's where one exists. A Megatron config describes a production model
 (e.g. hidden 2048, 128 experts on 16 GPUs); the included implementation verifies the *overlap
@@ -9,11 +11,14 @@ overlap flags) on a small model. What cannot be mapped is listed in ``notes``, n
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from moe_overlap.skill.config.load import ConfigError, read_file
+from moe_overlap.skill.config.model import OverlapConfig, effective_values, parse_config
 from moe_overlap.verify.corpus import VOCAB_SIZE
 
 FORMAT = "moe-overlap"
@@ -103,41 +108,24 @@ _NOT_MODELLED = {
 }
 
 
-def _flatten(source: dict[str, Any]) -> dict[str, Any]:
-    """Bridge sections to one flat dict; `comm_overlap` values override the model's (as Bridge does)."""
+def _flat_values(parsed: OverlapConfig) -> dict[str, Any]:
+    """The parsed config as one flat dict: section fields (extras too), then the values the validator's rules
+    read after Bridge's precedence (`comm_overlap` overrides the model's and ddp's)."""
     flat: dict[str, Any] = {}
+    dumped = parsed.model_dump(mode="json")
     for section in ("model", "train", "ddp", "mixed_precision", "dataset"):
-        part = source.get(section)
-        if isinstance(part, dict):
-            flat.update(part)
-        elif section == "mixed_precision" and isinstance(part, str):
-            flat["bf16"] = "bf16" in part
-            flat["fp16"] = "fp16" in part
-    flat.update({k: v for k, v in source.items() if not isinstance(v, dict)})
-    if isinstance(source.get("comm_overlap"), dict):
-        flat.update({k: v for k, v in source["comm_overlap"].items() if v is not None})
-    return flat
-
-
-def _skill_parse(source: dict[str, Any]) -> dict[str, Any]:
-    """Read through the validator's parser (Bridge precedence: comm_overlap overrides model)."""
-    from moe_overlap.skill.config.load import ConfigError
-    from moe_overlap.skill.config.model import effective_values, parse_config
-
-    try:
-        parsed = parse_config(source)
-    except ConfigError as exc:
-        raise VerifyConfigError(f"invalid config: {exc}", field=getattr(exc, "field", None),
-                                fix=getattr(exc, "fix", None)) from None
-    flat = _flatten({k: v for k, v in parsed.model_dump(mode="json").items() if isinstance(v, dict)})
+        if isinstance(dumped.get(section), dict):
+            flat.update(dumped[section])
+    if isinstance(dumped.get("comm_overlap"), dict):
+        flat.update({k: v for k, v in dumped["comm_overlap"].items() if v is not None})
     values, _paths = effective_values(parsed)
     flat.update(values)
     return flat
 
 
-def map_megatron(source: dict[str, Any], flat: dict[str, Any] | None = None) -> tuple[VerifyConfig, list[str]]:
-    """Map a Megatron-Bridge-style (sections) or flat Megatron config onto a VerifyConfig + notes."""
-    flat = dict(flat if flat is not None else _flatten(source))
+def map_megatron(parsed: OverlapConfig) -> tuple[VerifyConfig, list[str]]:
+    """Map a parsed Megatron-Bridge-style (or flat Megatron) config onto a VerifyConfig + notes."""
+    flat = _flat_values(parsed)
     notes: list[str] = []
     values: dict[str, Any] = {}
     ep = flat.get("expert_model_parallel_size")
@@ -195,8 +183,6 @@ def read_source(source: str | Path | dict[str, Any]) -> dict[str, Any]:
     column of syntax errors, duplicate keys, size limit, binary input)."""
     if isinstance(source, dict):
         return source
-    from moe_overlap.skill.config.load import ConfigError, read_file
-
     path = Path(source)
     if not path.exists():
         raise VerifyConfigError(f"config file not found: {path}", field="CONFIG", fix="give an existing YAML/JSON file")
@@ -206,17 +192,36 @@ def read_source(source: str | Path | dict[str, Any]) -> dict[str, Any]:
         raise VerifyConfigError(exc.message, field=exc.field or "CONFIG", fix=exc.fix) from None
 
 
-def load_verify_config(source: str | Path | dict[str, Any] | None) -> tuple[VerifyConfig, list[str], str]:
-    """(config, mapping notes, kind) where kind is 'default', 'moe-overlap' or 'megatron'."""
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A config source after the one pass: the run config, what the mapping could not carry over, the
+    source's kind, and (a Megatron source only) its parse in the skill's model, for the validator."""
+
+    cfg: VerifyConfig
+    notes: list[str]
+    kind: Literal["default", "moe-overlap", "megatron"]
+    parsed: OverlapConfig | None = None
+
+
+def parse_megatron(data: dict[str, Any]) -> OverlapConfig:
+    """A Megatron-Bridge-style or flat Megatron config, parsed by the validator's parser."""
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        raise VerifyConfigError(f"invalid config: {exc}", field=exc.field, fix=exc.fix) from None
+
+
+def load_verify_config(source: str | Path | dict[str, Any] | None) -> LoadedConfig:
+    """Read `source` once and map it once (see the module docstring)."""
     if source is None:
-        return VerifyConfig(), [], "default"
+        return LoadedConfig(VerifyConfig(), [], "default")
     data = read_source(source)
     # Ours: marked with `format: moe-overlap`, or a flat mapping of VerifyConfig fields only.
     if data.get("format") == FORMAT or (data and set(data) <= set(VerifyConfig.model_fields)):
         try:
-            return VerifyConfig(**data), [], "moe-overlap"
+            return LoadedConfig(VerifyConfig(**data), [], "moe-overlap")
         except ValidationError as exc:
             raise _as_error(exc) from None
-    flat = _skill_parse(data)
-    cfg, notes = map_megatron(data, flat)
-    return cfg, notes, "megatron"
+    parsed = parse_megatron(data)
+    cfg, notes = map_megatron(parsed)
+    return LoadedConfig(cfg, notes, "megatron", parsed)

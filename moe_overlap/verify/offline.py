@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from moe_overlap.verify.config import VerifyConfig
+from moe_overlap.verify.config import VerifyConfig, VerifyConfigError, parse_megatron, read_source
 from moe_overlap.verify.launcher import LaunchResult
 from moe_overlap.verify.modes import ModeSpec
-from moe_overlap.verify.plan import Plan, VerifyInputError, prepare_out, validate_modes
+from moe_overlap.verify.plan import Plan, VerifyInputError, prepare_out, validate_modes, validated_config
 from moe_overlap.verify.records import read_all, records_path
 from moe_overlap.verify.report_model import VerificationReport
 
@@ -41,8 +41,13 @@ def _load_plan(out: Path) -> Plan:
     except (OSError, ValueError) as exc:
         raise VerifyInputError(f"{out} is not a run folder written by --print-launch ({exc})", field="judge",
                                fix="run `moe-overlap verify --print-launch torchrun --out DIR` first") from None
-    return Plan(cfg=cfg, config_source=data["config_source"], config_kind=data["config_kind"],
-                raw_source=data.get("raw_source"), nproc=int(data["nproc"]), device=data["device"],
+    raw = data.get("raw_source")
+    try:  # the judge's own single pass over a Megatron source (criterion 1 validates it as the user gave it)
+        parsed = parse_megatron(read_source(raw)) if data["config_kind"] == "megatron" else None
+    except VerifyConfigError as exc:
+        raise VerifyInputError(f"the run's config source: {exc.message}", field=exc.field, fix=exc.fix) from None
+    return Plan(cfg=cfg, config_source=data["config_source"], config_kind=data["config_kind"], raw_source=raw,
+                megatron=validated_config(cfg, parsed), nproc=int(data["nproc"]), device=data["device"],
                 specs=[ModeSpec(**s) for s in data["specs"]], out=out, notes=list(data.get("notes", [])),
                 mapping_notes=list(data.get("mapping_notes", [])))
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from moe_overlap.skill.config.model import OverlapConfig, parse_config
+from moe_overlap.skill.rules.validate import validate_config
 from moe_overlap.verify.config import VerifyConfig, VerifyConfigError, load_verify_config
 from moe_overlap.verify.modes import ModeError, ModeSpec, resolve_modes
 from moe_overlap.verify.options import VerifyOptions
@@ -43,6 +45,7 @@ class Plan:
     config_source: str
     config_kind: str  # default | moe-overlap | megatron
     raw_source: Any
+    megatron: OverlapConfig  # what criterion 1 validates, in the skill's model (see validated_config)
     nproc: int
     device: str
     specs: list[ModeSpec]
@@ -90,12 +93,19 @@ def _out_dir(options: VerifyOptions) -> Path:
     return out
 
 
+def validated_config(cfg: VerifyConfig, parsed: OverlapConfig | None) -> OverlapConfig:
+    """What the validator checks: a Megatron source as parsed (the user's config, before this machine's
+    adjustments), else the Megatron view of the run config."""
+    return parsed if parsed is not None else parse_config(cfg.megatron_view())
+
+
 def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
     """`local=False` (--print-launch): ranks are not limited by this machine."""
     try:
-        cfg, mapping_notes, kind = load_verify_config(options.config)
+        loaded = load_verify_config(options.config)
     except VerifyConfigError as exc:
         raise VerifyInputError(exc.message, field=exc.field, fix=exc.fix) from None
+    cfg, kind = loaded.cfg, loaded.kind
     notes: list[str] = []
     updates: dict[str, Any] = {}
     if options.steps is not None:
@@ -141,9 +151,9 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
         raise VerifyInputError(exc.message, field=exc.field, fix=exc.fix) from None
     source = ("embedded default" if options.config is None else "dict" if isinstance(options.config, dict)
               else str(options.config))
-    return Plan(cfg=cfg, config_source=source, config_kind=kind, raw_source=options.config, nproc=nproc,
-                device=options.device, specs=specs, out=_out_dir(options), notes=notes + mode_notes,
-                mapping_notes=mapping_notes)
+    return Plan(cfg=cfg, config_source=source, config_kind=kind, raw_source=options.config,
+                megatron=validated_config(cfg, loaded.parsed), nproc=nproc, device=options.device, specs=specs,
+                out=_out_dir(options), notes=notes + mode_notes, mapping_notes=loaded.notes)
 
 
 def prepare_out(plan: Plan) -> Path:
@@ -160,18 +170,15 @@ def prepare_out(plan: Plan) -> Path:
 
 
 def validate_modes(plan: Plan) -> dict[str, Any]:
-    """Criterion 1's evidence: the validator's result for the config of every overlap mode."""
-    from moe_overlap.skill.rules.validate import validate_config
+    """Criterion 1's evidence: the validator's result for the config of every overlap mode (the mode's
+    overlap switches set in comm_overlap, which overrides the model's as in Bridge)."""
     results, waived = {}, []
     for spec in plan.specs:
         if not spec.overlap:
             continue
-        overrides = [f"comm_overlap.overlap_moe_expert_parallel_comm={str(spec.overlap).lower()}",
-                     f"comm_overlap.delay_wgrad_compute={str(spec.delay_wgrad).lower()}"]
-        source = plan.raw_source if plan.config_kind == "megatron" else plan.cfg.megatron_view()
-        if isinstance(source, str):
-            source = Path(source)
-        res = validate_config(source, overrides=overrides).model_dump(mode="json")
+        comm = plan.megatron.comm_overlap.model_copy(update={"overlap_moe_expert_parallel_comm": spec.overlap,
+                                                            "delay_wgrad_compute": spec.delay_wgrad})
+        res = validate_config(plan.megatron.model_copy(update={"comm_overlap": comm})).model_dump(mode="json")
         for f in res.get("findings", []):
             if f.get("severity") == "error" and plan.config_kind != "megatron" and f.get("rule") in WAIVERS:
                 f["waived"] = True

@@ -257,8 +257,9 @@ def test_verify_reads_the_moe_overlap_format_as_its_own():
     from moe_overlap.verify.config import load_verify_config
 
     rendered = _gen(ep=2, experts=8, stage="overlap+wgrad", to="moe-overlap", micro_batches=4, **ENV).stages[0].rendered
-    cfg, notes, kind = load_verify_config(yaml.safe_load(rendered))
-    assert kind == "moe-overlap" and notes == []
+    loaded = load_verify_config(yaml.safe_load(rendered))
+    cfg = loaded.cfg
+    assert loaded.kind == "moe-overlap" and loaded.notes == []
     assert cfg.delay_wgrad_compute and cfg.expert_model_parallel_size == 2
 
 

@@ -46,8 +46,9 @@ def test_invalid_megatron_config_fails_criterion_1(tmp_path):
 def test_own_format_round_trip(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("format: moe-overlap\nnum_moe_experts: 8\nprecision: bf16\nsteps: 5\nschedule: chunked\n")
-    cfg, notes, kind = load_verify_config(str(path))
-    assert kind == "moe-overlap" and not notes and cfg.num_moe_experts == 8
+    loaded = load_verify_config(str(path))
+    assert loaded.kind == "moe-overlap" and not loaded.notes and loaded.cfg.num_moe_experts == 8
+    assert loaded.parsed is None
     plan = make_plan(VerifyOptions(config=str(path), out=tmp_path / "o", micro_batches=3))
     assert plan.cfg.micro_batches == 3 and plan.cfg.steps == 5
     assert [s.schedule for s in plan.specs] == ["none", "chunked"]  # delayed wgrad needs 1f1b: left out
@@ -142,3 +143,83 @@ def test_judge_of_a_folder_with_damaged_records_reports_instead_of_raising(tmp_p
     assert main(["verify", "--judge", str(out)]) == 1
     captured = capsys.readouterr()
     assert "stopped without finishing" in captured.out and "Traceback" not in captured.err
+
+
+_MEGATRON_SOURCES = {
+    "flat-megatron": {"expert_model_parallel_size": 2, "num_moe_experts": 8, "moe_router_topk": 2, "bf16": True,
+                      "overlap_moe_expert_parallel_comm": True, "hidden_size": 2048, "seq_length": 512},
+    "unknown-and-renamed": {"model": {"expert_model_parallel_size": 2, "num_moe_experts": 4, "fp16": True,
+                                      "cuda_graph_modules": ["attn"], "moe_tokn_dispatcher": "flex"},
+                            "comm_overlap": {"delay_wgrad_compute": True}, "optimzer": {"lr": 1e-4},
+                            "mixed_precision": "bf16_mixed"},
+}
+
+
+@pytest.mark.parametrize("name", ["ep-overlap-alltoall.yaml", "ep-overlap-flex-deepep.yaml",
+                                  "ep-overlap-minimal.yaml", *_MEGATRON_SOURCES])
+def test_one_pass_validates_what_parsing_the_source_with_mode_overrides_would(tmp_path, name, monkeypatch):
+    """Criterion 1 reuses the parse of the source (never re-read); its findings are those of validating the
+    source itself with the mode's overlap switches given as overrides, notes of the first parse included."""
+    from moe_overlap.paths import data_root
+    from moe_overlap.skill.rules.validate import validate_config
+    from moe_overlap.verify import config as verify_config
+
+    source = _MEGATRON_SOURCES.get(name) or str(data_root() / "examples" / name)
+    calls = {"read": 0, "parse": 0}
+
+    def counted(key, fn):
+        def wrapper(*a, **kw):
+            calls[key] += 1
+            return fn(*a, **kw)
+        return wrapper
+
+    monkeypatch.setattr(verify_config, "read_file", counted("read", verify_config.read_file))
+    monkeypatch.setattr(verify_config, "parse_config", counted("parse", verify_config.parse_config))
+    plan = make_plan(VerifyOptions(config=source, out=tmp_path / "o", nproc=1))
+    evidence = validate_modes(plan)
+    assert plan.config_kind == "megatron"
+    assert calls == {"read": 0 if isinstance(source, dict) else 1, "parse": 1}
+    assert set(evidence["results"]) == {s.name for s in plan.specs if s.overlap}
+    for spec in plan.specs:
+        if not spec.overlap:
+            continue
+        overrides = [f"comm_overlap.overlap_moe_expert_parallel_comm={str(spec.overlap).lower()}",
+                     f"comm_overlap.delay_wgrad_compute={str(spec.delay_wgrad).lower()}"]
+        direct = validate_config(source, overrides=overrides).model_dump(mode="json")
+        direct["valid"] = not any(f["severity"] == "error" for f in direct["findings"])
+        assert evidence["results"][spec.name] == direct, spec.name
+    if name == "unknown-and-renamed":
+        kinds = {f["rule"] for r in evidence["results"].values() for f in r["findings"]}
+        assert {"config:unknown-key", "config:renamed-field"} <= kinds
+
+
+def test_validation_leaves_the_callers_config_untouched(tmp_path):
+    source = {"model": {"expert_model_parallel_size": 2, "num_moe_experts": 4, "bf16": True},
+              "comm_overlap": {"overlap_moe_expert_parallel_comm": False}}
+    before = repr(source)
+    validate_modes(make_plan(VerifyOptions(config=source, out=tmp_path)))
+    assert repr(source) == before
+
+
+@pytest.mark.parametrize("kind", ["dict", "path", "default"])
+def test_offline_judge_validates_what_the_launch_plan_did(tmp_path, kind):
+    from moe_overlap.paths import data_root
+    from moe_overlap.verify.offline import _load_plan, write_plan
+
+    source = {"dict": _MEGATRON_SOURCES["unknown-and-renamed"],
+              "path": str(data_root() / "examples" / "ep-overlap-alltoall.yaml"), "default": None}[kind]
+    plan = make_plan(VerifyOptions(config=source, out=tmp_path, nproc=2), local=False)
+    write_plan(plan)
+    assert validate_modes(_load_plan(tmp_path)) == validate_modes(plan)
+
+
+def test_offline_judge_with_a_vanished_source_is_bad_input(tmp_path):
+    from moe_overlap.verify.offline import _load_plan, write_plan
+
+    path = tmp_path / "megatron.yaml"
+    path.write_text("model:\n  expert_model_parallel_size: 2\n  num_moe_experts: 4\n  bf16: true\n")
+    write_plan(make_plan(VerifyOptions(config=str(path), out=tmp_path / "o"), local=False))
+    path.unlink()
+    with pytest.raises(VerifyInputError) as err:
+        _load_plan(tmp_path / "o")
+    assert "config file not found" in err.value.message

@@ -247,8 +247,11 @@ def parse_config(source: Any = None, overrides: Sequence[str] = (), *,
                  argv: str | Sequence[str] | None = None) -> OverlapConfig:
     """Parse a config from a dict / path / YAML text, then Megatron-LM `argv`, then dotted `overrides` (last wins).
 
-    Raises ConfigError (one message naming the field) on any bad input.
+    Raises ConfigError (one message naming the field) on any bad input. An OverlapConfig with nothing to add
+    is returned as it is, notes included (parsed once, it is never dumped and re-read).
     """
+    if isinstance(source, OverlapConfig) and not overrides and not argv:
+        return source
     notes: list[ConfigNote] = []
     data: dict[str, Any] = _load(source) if source is not None else {}
     if argv:
