@@ -3,7 +3,7 @@
 Megatron-Core release line), `versions.py` (version strings and release lines), `environment.py` (torch / TE / GPU
 detected without importing them), `flex_backend.py` (Bridge's apply_flex_dispatcher_backend and backend support)
 and `validate.py` (validate_config: parse, run every rule, report findings). Rule tables import base.py only;
-registry.py imports the tables; nothing imports registry.py but validate.py.
+registry.py imports the tables; in the package only validate.py imports registry.py.
 
 May import: moe_overlap.skill.config
 """
