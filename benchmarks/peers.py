@@ -114,6 +114,18 @@ def grouped_gemm_log(path: Path | None) -> dict | None:
     return {"path": str(path), "tail": text[-25:]}
 
 
+def check_run(device: str, world: int, names: list[str], gpus: int) -> str | None:
+    """Why this run cannot start (naming the option to change), or None."""
+    if device == "cuda" and gpus == 0:
+        return "--device cuda: no CUDA device here (use --device cpu --preset tiny for the smoke run)"
+    if world < 1 or (device == "cuda" and world > gpus):
+        return f"--world {world}: must be 1 .. {gpus if device == 'cuda' else 'any'} (ranks, one GPU each on cuda)"
+    bad = [n for n in names if PRESETS[n]["experts"] % world]
+    if bad:
+        return f"--world {world} does not divide the experts of {bad}: pick a world that divides them"
+    return None
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
@@ -146,16 +158,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from moe_overlap.verify.ranks import RankError, spawn_ranks
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: no CUDA device here (use --device cpu --preset tiny for the smoke run)", file=sys.stderr)
-        return 2
-    if args.world < 1 or (args.device == "cuda" and args.world > torch.cuda.device_count()):
-        print(f"--world {args.world}: need 1 .. {torch.cuda.device_count()} GPUs here", file=sys.stderr)
-        return 2
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = args.preset or (list(GPU_PRESETS) if args.device == "cuda" else ["tiny"])
-    bad = [n for n in names if PRESETS[n]["experts"] % args.world]
-    if bad:
-        print(f"--world {args.world} does not divide the experts of {bad}", file=sys.stderr)
+    problem = check_run(args.device, args.world, names, gpus)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     impls = [i for i in IMPLS if i in (args.impl or IMPLS)]
     notes = []

@@ -32,16 +32,6 @@ def grouped_gemm_error() -> str | None:
     return None
 
 
-def version() -> str | None:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as v
-
-    try:
-        return v("megatron-core")
-    except PackageNotFoundError:
-        return None
-
-
 def balanced_routing(num_experts: int, topk: int):
     """A drop-in for ``TopKRouter.routing``: (probs [T, E] fp32, routing_map [T, E] bool), balanced."""
     def routing(logits: torch.Tensor, padding_mask=None):

@@ -39,16 +39,6 @@ def import_error() -> str | None:
     return None
 
 
-def version() -> str | None:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as v
-
-    try:
-        return v("torchtitan")
-    except PackageNotFoundError:
-        return None
-
-
 # ------------------------------------------------------------------ layouts (torch only, tested without torchtitan)
 def ours_to_titan(w1_LD2F: torch.Tensor, w2_LFD: torch.Tensor) -> dict[str, torch.Tensor]:
     """Our expert weights -> torchtitan's GroupedExperts tensors (same experts, contiguous copies)."""
