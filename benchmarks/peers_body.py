@@ -81,7 +81,8 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / ||b|| in float64 (0.0 = equal); inf when the shapes differ."""
     if a is None or b is None or a.shape != b.shape:
         return math.inf
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def compare(got: dict, ref: dict) -> dict[str, float]:
