@@ -23,6 +23,8 @@ ours), ``set_moe_sharding_config(enable_ep=R > 1)``, ``MoE.parallelize``; dispat
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 GROUPED_EXPERTS_LAYOUT = ("w1_EFD", "w2_EDF", "w3_EFD")
@@ -91,11 +93,6 @@ class TitanMoE:
             pdims.device_type = "cpu"
             self.notes.append("CPU run: torchtitan.distributed.parallel_dims.device_type set to 'cpu' "
                               "(it defaults to 'cuda' when no accelerator is found)")
-        dist_utils.set_spmd_backend(backend)
-        self.dims = pdims.ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=world,
-                                       world_size=world, spmd_backend=backend)
-        self.dims.build_mesh()
-        self._context = dist_utils.get_spmd_context(parallel_dims=self.dims)
         cfg = MoE.Config(
             num_experts=E, load_balance_coeff=None,
             router=TokenChoiceTopKRouter.Config(
@@ -107,13 +104,35 @@ class TitanMoE:
         set_moe_sharding_config(cfg, enable_ep=world > 1, enable_sp=False,
                                 expert_param_layout={"w1_EFD": spmd.S(1), "w2_EDF": spmd.S(2),
                                                      "w3_EFD": spmd.S(1)})
-        with torch.device(device):
-            module = cfg.build()
-        module.to(dtype)
-        module.tokens_per_expert_E.data = module.tokens_per_expert_E.data.float()  # a counter, kept fp32
-        with self._context():
-            module.parallelize(self.dims)
-        self.module = module.train()
+
+        def build():
+            with torch.device(device):
+                module = cfg.build()
+            module.to(dtype)
+            module.tokens_per_expert_E.data = module.tokens_per_expert_E.data.float()  # a counter, kept fp32
+            return module.train()
+
+        self.module = build()
+        try:
+            dist_utils.set_spmd_backend(backend)
+            self.dims = pdims.ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=world,
+                                           world_size=world, spmd_backend=backend)
+            self.dims.build_mesh()
+            self._context = dist_utils.get_spmd_context(parallel_dims=self.dims)
+            with self._context():
+                self.module.parallelize(self.dims)
+        except Exception as exc:
+            if world > 1:
+                raise
+            # At EP 1 torchtitan's own partial_dtensor path never parallelizes (parallelize_qwen3 calls it only
+            # when tp or ep > 1): the same module, unwrapped, is what that path runs.
+            self.notes.append(f"EP 1: its {backend} mesh/parallelize failed ({type(exc).__name__}: "
+                              f"{str(exc)[:200]}); ran the MoE unparallelized, as its partial_dtensor path does "
+                              "at EP 1")
+            dist_utils.set_spmd_backend("partial_dtensor")
+            self.dims, self._context = None, contextlib.nullcontext
+            self.module = build()
+        module = self.module
         self.experts = module.routed_experts.inner_experts
         self.local_experts = _local(self.experts.w1_EFD).shape[0]
         if self.local_experts * world != E:
@@ -148,6 +167,7 @@ class TitanMoE:
     def describe(self) -> dict:
         return {"module": "torchtitan.models.common.moe.MoE", "experts": "GroupedExperts (torch._grouped_mm)",
                 "dispatcher": "AllToAllTokenDispatcher (comm_backend 'standard')",
-                "spmd_backend": self.dims.spmd_backend, "parallel_dims": {"dp_shard": self.world, "ep": self.world},
+                "spmd_backend": self.dims.spmd_backend if self.dims else "none (unparallelized, EP 1)",
+                "parallel_dims": {"dp_shard": self.world, "ep": self.world} if self.dims else None,
                 "routing": "_debug_force_load_balance=True, softmax, route_norm=True, load_balance_coeff=None",
                 "dtype": str(self.experts.w1_EFD.dtype).replace("torch.", "")}

@@ -186,3 +186,30 @@ def test_torchtitan_grouped_experts_with_our_weights_compute_our_experts():
         theirs.w1_EFD.copy_(mapped["w3_EFD"])
         theirs.w3_EFD.copy_(mapped["w1_EFD"])
     assert peers_body.rel_l2(theirs(x, torch.tensor(counts)), want) > 0.1
+
+
+@pytest.mark.skipif(peers_titan.import_error() is not None, reason="torchtitan not importable here")
+def test_torchtitan_moe_at_ep1_without_a_mesh_still_agrees_and_says_so(monkeypatch):
+    """Where its mesh cannot be built (another torch than it was written for), EP 1 runs its MoE unparallelized,
+    as its partial_dtensor path does, and the note says so; the layer still computes ours."""
+    import torchtitan.distributed.parallel_dims as pdims
+
+    def broken(self):
+        raise RuntimeError("no mesh on this torch")
+
+    monkeypatch.setattr(pdims.ParallelDims, "build_mesh", broken)
+    monkeypatch.setattr(pdims, "device_type", pdims.device_type)  # restored after the test
+    shape = dict(tokens=12, hidden=D, ffn=F, experts=4, topk=2)
+    full = peers_body.full_weights(shape, torch.device("cpu"), 0)
+    weights = [full[k].to(torch.bfloat16) for k in peers_body.GRAD_KEYS]
+    titan = peers_titan.TitanMoE(shape, 0, 1, torch.device("cpu"), torch.bfloat16)
+    assert any("no mesh on this torch" in n and "unparallelized" in n for n in titan.notes)
+    assert titan.describe()["parallel_dims"] is None
+    ours = peers_body.Ours(shape, None, torch.device("cpu"), torch.bfloat16)
+    for impl in (titan, ours):
+        impl.load(*weights)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(12, D, generator=g).to(torch.bfloat16)
+    gout = torch.randn(12, D, generator=g).to(torch.bfloat16)
+    got = peers_body.compare(peers_body.run_once(titan, x, gout), peers_body.run_once(ours, x, gout))
+    assert max(got.values()) < 2e-2, got
