@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from tests.distributed._spawn import run_ranks
+    from moe_overlap.verify.ranks import spawn_ranks
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no CUDA device here (use --device cpu --preset tiny for the smoke run)", file=sys.stderr)
@@ -219,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from ep_overlap_body import bench_body
 
-    per_rank = run_ranks(bench_body, world,
-                         args=([(n, PRESETS[n]) for n in names], args.device, dtype, rounds, warmup, chunk_list),
-                         timeout=args.timeout, backend=backend)
+    per_rank = spawn_ranks(bench_body, world,
+                           ([(n, PRESETS[n]) for n in names], args.device, dtype, rounds, warmup, chunk_list),
+                           timeout=args.timeout, backend=backend, pass_group=True,
+                           start_method="fork" if backend == "gloo" else "spawn")
     first = per_rank[0]
     presets = []
     for i, res in enumerate(first["results"]):

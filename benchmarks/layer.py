@@ -220,14 +220,15 @@ def main() -> int:
             shape[k] = getattr(args, k)
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     chunk_list = [int(c) for c in args.chunks.split(",") if c]
-    from tests.distributed._spawn import run_ranks
+    from moe_overlap.verify.ranks import spawn_ranks
 
     backend = "nccl" if args.device == "cuda" else "gloo"
     runs = []
     for rep in range(args.repeats):
         load_before = os.getloadavg()
-        res = run_ranks(bench_body, args.ranks, args=(shape, args.device, dtype, args.rounds, chunk_list),
-                        timeout=args.timeout, backend=backend)[0]
+        res = spawn_ranks(bench_body, args.ranks, (shape, args.device, dtype, args.rounds, chunk_list),
+                          timeout=args.timeout, backend=backend, pass_group=True,
+                          start_method="fork" if backend == "gloo" else "spawn")[0]
         rows = print_run(res, rep, args, backend, dtype, shape)
         runs.append({"load_average_before": load_before, "load_average_after": os.getloadavg(), "rows": rows,
                      "pieces_ms": res["pieces_ms"]})

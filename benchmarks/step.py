@@ -113,7 +113,7 @@ def bench_body(rank, world, group, preset, device_type, rounds, chunks, dtype_na
 
 
 def run(device: str, worlds: list[int], preset_name: str, rounds: int, chunks: int, dtype: str) -> dict:
-    from tests.distributed._spawn import run_ranks
+    from moe_overlap.verify.ranks import spawn_ranks
 
     preset = PRESETS[preset_name]
     rows = []
@@ -121,8 +121,8 @@ def run(device: str, worlds: list[int], preset_name: str, rounds: int, chunks: i
         if device == "cuda":  # EP 1 in this process: a 1-rank gloo group, no collective is launched
             per_rank = [_single_rank(preset, rounds, chunks, dtype)]
         else:
-            per_rank = run_ranks(bench_body, world=world, args=(preset, device, rounds, chunks, dtype),
-                                 timeout=1800)
+            per_rank = spawn_ranks(bench_body, world, (preset, device, rounds, chunks, dtype), timeout=1800,
+                                   pass_group=True, start_method="fork")
         def med(name, per_rank=per_rank):
             return statistics.median([max(r["times"][name][i] for r in per_rank) for i in range(rounds)])
 
@@ -141,7 +141,7 @@ def run(device: str, worlds: list[int], preset_name: str, rounds: int, chunks: i
 def _single_rank(preset, rounds, chunks, dtype):
     import torch.distributed as dist
 
-    from tests.distributed._spawn import free_port
+    from moe_overlap.verify.ranks import free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:

@@ -61,7 +61,7 @@ class A2AHandle:
 
 def all_to_all_async(
     x: torch.Tensor, out_splits, in_splits, group, stream: torch.cuda.Stream | None = None,
-    after: torch.cuda.Event | None = None,
+    after: torch.cuda.Event | None = None, transport=None,
 ) -> A2AHandle:
     """Start ``all_to_all_single`` and return a handle. Never builds an autograd graph.
 
@@ -70,13 +70,17 @@ def all_to_all_async(
     recorded on the compute stream once ``x`` was written), or, without one, for everything queued on the
     compute stream so far. ``after`` is what lets a schedule issue the collective *after* queuing unrelated
     compute (another micro-batch's GEMMs) and still have the two run side by side. ``wait()`` makes the
-    compute stream wait on an event, not the host.
+    compute stream wait on an event, not the host. ``transport``: a transport.py object (copy engines)
+    used instead of NCCL for CUDA tensors; it issues on its own stream (``stream`` is then unused).
     """
     world = group_size(group)
     out_splits, in_splits = _check_splits(x, out_splits, in_splits, world)
     x = x.detach().contiguous()
     if world == 1:
         return A2AHandle(out=x, _done=True)
+    if transport is not None and x.is_cuda:
+        out, event = transport.all_to_all(x, out_splits, in_splits, after)
+        return A2AHandle(out=out, event=event)
     if stream is None or not x.is_cuda:
         out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
         work = dist.all_to_all_single(out, x, out_splits, in_splits, group=group, async_op=True)
@@ -93,17 +97,17 @@ def all_to_all_async(
     return A2AHandle(out=out, event=event)
 
 
-def all_to_all_sync(x: torch.Tensor, out_splits, in_splits, group) -> torch.Tensor:
-    """Blocking all-to-all without autograd."""
-    return all_to_all_async(x, out_splits, in_splits, group).wait()
+def all_to_all_sync(x: torch.Tensor, out_splits, in_splits, group, transport=None) -> torch.Tensor:
+    """All-to-all without autograd, complete for the current stream on return (on CPU: for the host)."""
+    return all_to_all_async(x, out_splits, in_splits, group, transport=transport).wait()
 
 
 class _AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, out_splits, in_splits, group):
+    def forward(ctx, x, out_splits, in_splits, group, transport):
         ctx.splits = (list(out_splits), list(in_splits))
-        ctx.group = group
-        out = all_to_all_sync(x, out_splits, in_splits, group)
+        ctx.group, ctx.transport = group, transport
+        out = all_to_all_sync(x, out_splits, in_splits, group, transport)
         # A 1-rank group returns x itself; autograd needs a fresh tensor as the output.
         return out.clone() if out.data_ptr() == x.data_ptr() and out.numel() else out
 
@@ -111,9 +115,9 @@ class _AllToAll(torch.autograd.Function):
     def backward(ctx, grad_out):
         out_splits, in_splits = ctx.splits
         # The gradient travels back along the same rows: the reverse all-to-all swaps the splits.
-        return all_to_all_sync(grad_out, in_splits, out_splits, ctx.group), None, None, None
+        return all_to_all_sync(grad_out, in_splits, out_splits, ctx.group, ctx.transport), None, None, None, None
 
 
-def all_to_all(x: torch.Tensor, out_splits, in_splits, group) -> torch.Tensor:
+def all_to_all(x: torch.Tensor, out_splits, in_splits, group, transport=None) -> torch.Tensor:
     """Synchronous all-to-all with autograd (backward = the reverse all-to-all)."""
-    return _AllToAll.apply(x, list(out_splits), list(in_splits), group)
+    return _AllToAll.apply(x, list(out_splits), list(in_splits), group, transport)

@@ -43,6 +43,7 @@ class DispatchHandle:
     plan: DispatchPlan
     probs_TK: torch.Tensor
     group: object
+    transport: object = None  # transport.py copy engines, or None for the group's own all-to-all
 
 
 # ---------------------------------------------------------------- permute (plain steps)
@@ -169,21 +170,23 @@ def unsort_by_local_expert(y_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tens
     return _GatherPermFn.apply(y_SD, plan.unsort_idx_S, plan.sort_idx_S)
 
 
-def dispatch(x_TD: torch.Tensor, routing: Routing, *, num_experts: int, group, counts_group=None):
+def dispatch(x_TD: torch.Tensor, routing: Routing, *, num_experts: int, group, counts_group=None,
+             transport=None):
     """Synchronous, autograd-aware dispatch.
 
     Returns ``(recv_x_SD, tokens_per_local_expert, handle)``: rows grouped by local expert, their counts
     (a tuple of host ints summing to S; at EP 1 on CUDA the int64 device tensor, see counts.py), and the
     frozen :class:`DispatchHandle` that :func:`combine` consumes. ``counts_group``: a host (gloo) group
-    for the count exchange (counts.py), None to use ``group``.
+    for the count exchange (counts.py), None to use ``group``; ``transport``: transport.py copy engines
+    instead of the group's all-to-all (None).
     """
     x_ND, pplan = permute(x_TD, routing, num_experts)
     plan = plan_for(pplan, num_experts, group, counts_group=counts_group)
     # One rank: the all-to-all is the identity (skipped; its autograd wrapper would copy [N, D]).
     if not _sort_is_identity(plan):
-        x_ND = all_to_all(x_ND, plan.recv_splits, plan.send_splits, group)
+        x_ND = all_to_all(x_ND, plan.recv_splits, plan.send_splits, group, transport)
     recv_SD = sort_by_local_expert(x_ND, plan)
-    return recv_SD, plan.tokens_per_local_expert, DispatchHandle(plan, routing.probs_TK, group)
+    return recv_SD, plan.tokens_per_local_expert, DispatchHandle(plan, routing.probs_TK, group, transport)
 
 
 def combine(y_SD: torch.Tensor, handle: DispatchHandle) -> torch.Tensor:
@@ -191,5 +194,5 @@ def combine(y_SD: torch.Tensor, handle: DispatchHandle) -> torch.Tensor:
     plan = handle.plan
     y_ND = unsort_by_local_expert(y_SD, plan)
     if not _sort_is_identity(plan):
-        y_ND = all_to_all(y_ND, plan.send_splits, plan.recv_splits, handle.group)
+        y_ND = all_to_all(y_ND, plan.send_splits, plan.recv_splits, handle.group, handle.transport)
     return unpermute(y_ND, handle.probs_TK, plan.permute)

@@ -19,12 +19,13 @@ Public contract (the state dict is enough to recompute the layer; docs/ep-implem
 ``seed=None`` skips the seeded init (default random init on ``device``; for production-size benchmarks).
 
 ``forward(x, *, group=None, schedule="none"|"chunked", chunks=C, comm_stream=None, wgrad_store=None,
-counts_group=None)``:
+counts_group=None, transport=None)``:
 ``group`` defaults to the group given at construction (None: the default group when torch.distributed
 is initialised, else a single process). ``schedule`` picks how communication and compute are ordered
 (schedule.py); all schedules compute the same function. With ``wgrad_store`` the experts' weight
 gradients are deferred into it (``store.run_all()`` accumulates them into ``.grad`` later).
-``counts_group``: a host (gloo) group over the same ranks for the token-count exchange (ep/counts.py).
+``counts_group``: a host (gloo) group over the same ranks for the token-count exchange (ep/counts.py);
+``transport``: copy-engine all-to-alls (ep/transport.py) instead of the group's own.
 Router and dense gradients are local to this rank's tokens: all-reduce them over the data-parallel
 ranks as usual. Expert gradients already include every rank's tokens.
 """
@@ -123,7 +124,7 @@ class MoELayer(nn.Module):
             raise ValueError(f"group size={size} != EP size {self.ep_size} this layer was built for")
 
     def forward(self, x: torch.Tensor, *, group=None, schedule: str = "none", chunks: int = 1,
-                comm_stream=None, wgrad_store: WgradStore | None = None, counts_group=None):
+                comm_stream=None, wgrad_store: WgradStore | None = None, counts_group=None, transport=None):
         """x [..., D] -> (out [..., D] same dtype, aux_loss fp32 scalar). See the module docstring."""
         group = self.group if group is None else group
         self._check(x, group, schedule, chunks)
@@ -132,10 +133,10 @@ class MoELayer(nn.Module):
                         normalize=self.normalize, force_balance=self.force_balance)
         if schedule == "none":
             out_TD = run_none(x_TD, routing, self.experts, num_experts=self.num_experts, group=group,
-                              wgrad_store=wgrad_store, counts_group=counts_group)
+                              wgrad_store=wgrad_store, counts_group=counts_group, transport=transport)
         else:
             out_TD = run_chunked(x_TD, routing, self.experts, num_experts=self.num_experts, group=group,
                                  chunks=chunks, comm_stream=comm_stream, wgrad_store=wgrad_store,
-                                 counts_group=counts_group)
+                                 counts_group=counts_group, transport=transport)
         out_TD = _attach(out_TD, routing, 0.0, self.z_loss_coeff)
         return out_TD.view(x.shape), routing.aux_loss

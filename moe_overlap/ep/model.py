@@ -127,7 +127,8 @@ class MoETransformer(nn.Module):
         return F.cross_entropy(logits_BSV.flatten(0, 1), labels_BS.flatten())
 
     def forward(self, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, *, schedule: str = "none",
-                chunks: int = 1, comm_stream=None, counts_group=None) -> tuple[torch.Tensor, torch.Tensor]:
+                chunks: int = 1, comm_stream=None, counts_group=None,
+                transport=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Plain autograd forward through MoELayer's own schedules ("none" | "chunked").
 
         Returns (lm_loss, objective) with objective = lm_loss + aux_loss_coeff * sum of the layers'
@@ -138,7 +139,7 @@ class MoETransformer(nn.Module):
         for blk in self.layers:
             h_BSD = blk.attention(x_BSD)
             y_TD, aux_l = blk.moe(blk.norm2(h_BSD).flatten(0, 1), schedule=schedule, chunks=chunks,
-                                  comm_stream=comm_stream, counts_group=counts_group)
+                                  comm_stream=comm_stream, counts_group=counts_group, transport=transport)
             x_BSD = h_BSD + y_TD.view_as(h_BSD)
             aux = aux + aux_l.float()
         lm_loss = self.logits_loss(x_BSD, labels_BS)

@@ -46,7 +46,8 @@ class NodeContext:
     group: EP process group; comm_stream: CUDA stream for all-to-alls (None on CPU, where gloo's
     async_op supplies the concurrency); store: WgradStore when expert wgrad is delayed;
     grad_scale: d(objective)/d(micro-batch loss), 1/M for M micro-batches; counts_group: a host (gloo)
-    group over the same ranks for the token-count exchange (counts.py), None to use ``group``.
+    group over the same ranks for the token-count exchange (counts.py), None to use ``group``;
+    transport: copy-engine all-to-alls (transport.py), None for the group's own.
     """
 
     group: dist.ProcessGroup
@@ -54,6 +55,7 @@ class NodeContext:
     store: WgradStore | None
     grad_scale: float
     counts_group: dist.ProcessGroup | None = None
+    transport: object = None  # transport.py copy engines for the all-to-alls (None: the group's own)
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -109,7 +111,8 @@ class LayerRun:
     def dispatch_forward_start(self) -> None:
         p = self.plan
         self.handle = all_to_all_async(self.x_ND.detach(), p.recv_splits, p.send_splits, self.ctx.group,
-                                       self.ctx.comm_stream, after=self.x_ready)
+                                       self.ctx.comm_stream, after=self.x_ready,
+                                       transport=self.ctx.transport)
         self.x_ready = None
 
     def dispatch_forward_wait(self) -> None:
@@ -129,7 +132,7 @@ class LayerRun:
     def combine_forward_start(self) -> None:
         p = self.plan
         self.handle = all_to_all_async(self.y_RD.detach(), p.send_splits, p.recv_splits, self.ctx.group,
-                                       self.ctx.comm_stream)
+                                       self.ctx.comm_stream, transport=self.ctx.transport)
 
     def combine_forward_wait(self) -> torch.Tensor:
         """combine node, second half: unpermute with the routing weights, add the residual."""
@@ -146,7 +149,7 @@ class LayerRun:
         _backward([self.out_BSD], [g_BSD])
         p = self.plan
         self.handle = all_to_all_async(self.y_ND_in.grad, p.recv_splits, p.send_splits, self.ctx.group,
-                                       self.ctx.comm_stream)
+                                       self.ctx.comm_stream, transport=self.ctx.transport)
         self.g_probs_TK, self.g_h_BSD = self.probs_in.grad, self.h_in.grad
         del self.out_BSD, self.y_ND_in, self.probs_in, self.h_in
 
@@ -162,7 +165,7 @@ class LayerRun:
     def dispatch_backward_start(self) -> None:
         p = self.plan
         self.handle = all_to_all_async(self.recv_in.grad, p.send_splits, p.recv_splits, self.ctx.group,
-                                       self.ctx.comm_stream)
+                                       self.ctx.comm_stream, transport=self.ctx.transport)
         del self.recv_in
 
     def dispatch_backward_wait(self) -> None:

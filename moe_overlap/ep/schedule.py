@@ -60,9 +60,9 @@ SCHEDULES = ("none", "chunked")
 
 
 def run_none(x_TD, routing: Routing, experts: GroupedExperts, *, num_experts: int, group,
-             wgrad_store: WgradStore | None = None, counts_group=None) -> torch.Tensor:
+             wgrad_store: WgradStore | None = None, counts_group=None, transport=None) -> torch.Tensor:
     recv_SD, per_expert, handle = dispatch(x_TD, routing, num_experts=num_experts, group=group,
-                                           counts_group=counts_group)
+                                           counts_group=counts_group, transport=transport)
     y_SD = experts(recv_SD, per_expert, wgrad_store)
     return combine(y_SD, handle)
 
@@ -96,18 +96,19 @@ class _ChunkedArgs:
     group: object
     comm_stream: object
     store: WgradStore | None
+    transport: object = None
 
 
 class _ChunkedMoE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_TD, probs_TK, w1, w2, args: _ChunkedArgs):
-        cp, group, stream = args.chunk_plan, args.group, args.comm_stream
+        cp, group, stream, tr = args.chunk_plan, args.group, args.comm_stream, args.transport
         num_chunks = len(cp.bounds)
 
         def start_dispatch(c):
             (a, b), plan = cp.bounds[c], cp.plans[c]
             x_ND = permute_rows(x_TD[a:b], plan.permute)
-            return all_to_all_async(x_ND, plan.recv_splits, plan.send_splits, group, stream)
+            return all_to_all_async(x_ND, plan.recv_splits, plan.send_splits, group, stream, transport=tr)
 
         def finish_combine(c):
             y_ND = inflight_combine[c].wait()
@@ -125,7 +126,7 @@ class _ChunkedMoE(torch.autograd.Function):
             y_SD, h = experts_forward(x_SD, w1, w2, plan.tokens_per_local_expert)
             saved[c] = (x_SD, h)
             inflight_combine[c] = all_to_all_async(unsort_rows(y_SD, plan), plan.send_splits,
-                                                   plan.recv_splits, group, stream)
+                                                   plan.recv_splits, group, stream, transport=tr)
             if c > 0:
                 finish_combine(c - 1)
         finish_combine(num_chunks - 1)
@@ -138,7 +139,7 @@ class _ChunkedMoE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_TD):
         args = ctx.args
-        cp, group, stream, store = args.chunk_plan, args.group, args.comm_stream, args.store
+        cp, group, stream, store, tr = args.chunk_plan, args.group, args.comm_stream, args.store, args.transport
         (probs_TK,) = ctx.saved_tensors
         w1_param, w2_param = ctx.params
         w1, w2 = w1_param.detach(), w2_param.detach()
@@ -150,7 +151,7 @@ class _ChunkedMoE(torch.autograd.Function):
         def start_grad_dispatch(c):
             (a, b), plan = cp.bounds[c], cp.plans[c]
             g_ND, g_probs[c] = unpermute_rows_backward(g_TD[a:b], ctx.y_NDs[c], probs_TK[a:b], plan.permute)
-            return all_to_all_async(g_ND, plan.recv_splits, plan.send_splits, group, stream)
+            return all_to_all_async(g_ND, plan.recv_splits, plan.send_splits, group, stream, transport=tr)
 
         def finish_grad_combine(c):
             g_x[c] = permute_rows_backward(inflight_combine.pop(c).wait(), cp.plans[c].permute)
@@ -165,7 +166,7 @@ class _ChunkedMoE(torch.autograd.Function):
             ctx.saved[c] = None
             dx_SD, wgrad_inputs[c] = experts_dgrad(dy_SD, x_SD, h, w1, w2, plan.tokens_per_local_expert)
             inflight_combine[c] = all_to_all_async(unsort_rows(dx_SD, plan), plan.send_splits,
-                                                   plan.recv_splits, group, stream)
+                                                   plan.recv_splits, group, stream, transport=tr)
             if c + 1 == num_chunks:
                 # One weight-gradient GEMM pair for all chunks, under the last grad-combine.
                 inputs, counts = merge_chunk_wgrad_inputs(wgrad_inputs, [p.tokens_per_local_expert for p in cp.plans])
@@ -220,8 +221,9 @@ def _wgrad_closure(wgrad_inputs, w1_param, w2_param, w1, w2, counts):
 
 
 def run_chunked(x_TD, routing: Routing, experts: GroupedExperts, *, num_experts: int, group, chunks: int,
-                comm_stream=None, wgrad_store: WgradStore | None = None, counts_group=None) -> torch.Tensor:
+                comm_stream=None, wgrad_store: WgradStore | None = None, counts_group=None,
+                transport=None) -> torch.Tensor:
     cp = plan_chunks(routing.experts_TK, num_experts, chunks, group, counts_group)
-    args = _ChunkedArgs(cp, group, comm_stream, wgrad_store)
+    args = _ChunkedArgs(cp, group, comm_stream, wgrad_store, transport)
     return _ChunkedMoE.apply(x_TD, routing.probs_TK, experts.w1, experts.w2, args)
 

@@ -107,7 +107,7 @@ def reduce_gradients(model, group) -> None:
 
 
 def autograd_forward_backward(model, batches, *, layer_schedule: str, chunks: int, group,
-                              streams=None, counts_group=None) -> StepResult:
+                              streams=None, counts_group=None, transport=None) -> StepResult:
     """The same step through plain autograd (`MoETransformer.forward`, MoELayer's own layer schedule
     "none" | "chunked"), no nodes. schedule="chunked" uses it; tests and benchmarks use it with
     "none" as the independent reference of the node path (equal to rounding, not bitwise: the aux
@@ -117,7 +117,7 @@ def autograd_forward_backward(model, batches, *, layer_schedule: str, chunks: in
     scale = 1.0 / len(batches)
     for tokens_BS, labels_BS in batches:
         lm_loss, objective = model(tokens_BS, labels_BS, schedule=layer_schedule, chunks=chunks,
-                                   comm_stream=streams, counts_group=counts_group)
+                                   comm_stream=streams, counts_group=counts_group, transport=transport)
         objective.backward(torch.full_like(objective, scale))
         loss_ts.append(lm_loss.detach())
     reduce_gradients(model, group)
@@ -134,14 +134,15 @@ def forward_backward(
     group,
     streams: torch.cuda.Stream | None = None,
     counts_group=None,
+    transport=None,
 ) -> StepResult:
     """Forward + backward of all micro-batches; gradients complete and reduced on return.
 
     model: MoETransformer whose MoE layers use `group`; batches: M pairs (tokens_BS, labels_BS) of
     int64 on the model's device; streams: the CUDA communication stream (None on CPU / to issue
     all-to-alls on gloo's thread); counts_group: a host (gloo) group over the same ranks for the
-    token-count exchange (ep/counts.py; None: over `group`). Gradients are reset first (`set_to_none`):
-    one call = one step.
+    token-count exchange (ep/counts.py; None: over `group`); transport: copy-engine all-to-alls
+    (ep/transport.py; None: the group's own). Gradients are reset first (`set_to_none`): one call = one step.
     Raises StepConfigError (a ValueError; `.rule_id` == "wgrad-requires-overlap" for delayed wgrad
     without 1f1b) on bad options.
     """
@@ -151,12 +152,12 @@ def forward_backward(
     check_batches(batches, model.cfg.vocab_size, model.embed.weight.device)
     if schedule == "chunked":
         return autograd_forward_backward(model, batches, layer_schedule="chunked", chunks=chunks, group=group,
-                                         streams=streams, counts_group=counts_group)
+                                         streams=streams, counts_group=counts_group, transport=transport)
     model.zero_grad(set_to_none=True)
     notes: list[str] = []
     store = WgradStore() if delay_wgrad else None
     ctx = NodeContext(group=group, comm_stream=streams, store=store, grad_scale=1.0 / len(batches),
-                      counts_group=counts_group)
+                      counts_group=counts_group, transport=transport)
     runs = [MicroBatchRun(model, t, y, ctx) for t, y in batches]
     if schedule == "1f1b":
         notes += run_1f1b(runs, store)
