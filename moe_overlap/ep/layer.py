@@ -129,7 +129,7 @@ class MoELayer(nn.Module):
         group = self.group if group is None else group
         self._check(x, group, schedule, chunks)
         x_TD = x.reshape(-1, self.hidden)
-        routing = route(x_TD, self.router.weight, topk=self.topk, score=self.score,
+        routing = route(x_TD, self.router.weight, topk=self.topk, score=self.score, z_loss=self.z_loss_coeff != 0,
                         normalize=self.normalize, force_balance=self.force_balance)
         if schedule == "none":
             out_TD = run_none(x_TD, routing, self.experts, num_experts=self.num_experts, group=group,

@@ -83,6 +83,7 @@ class LayerRun:
             self.h_BSD = blk.attention(self.x_in, self.ctx.store)
             z_TD = blk.norm2(self.h_BSD).flatten(0, 1)
             routing = route(z_TD, moe.router.weight, topk=moe.topk, score=moe.score, normalize=moe.normalize,
+                            z_loss=moe.z_loss_coeff != 0,
                             force_balance=moe.force_balance)
             x_ND, pplan = permute(z_TD, routing, moe.num_experts)
             # The router losses' gradients enter here, scaled like the micro-batch loss they belong to.

@@ -65,11 +65,55 @@ def check_topk(topk: int, num_experts: int) -> None:
 def count_per_expert(experts_N: torch.Tensor, num_experts: int) -> torch.Tensor:
     """int64 [E] counts of each expert id in ``experts_N``.
 
-    A one-hot sum rather than ``torch.bincount``: on CUDA bincount reads the max id back to the host
-    (a device sync) and this stays on the device; it is exact and deterministic (no atomics).
+    A scatter-add of ones rather than ``torch.bincount``: on CUDA bincount reads the max id back to the
+    host (a device sync); this stays on the device, in one kernel (a one-hot [N, E] compare and sum took
+    six). Integer additions commute, so the atomics give the exact same counts in any order.
     """
-    ids_E = torch.arange(num_experts, device=experts_N.device)
-    return (experts_N.reshape(-1, 1) == ids_E).sum(0)
+    flat = experts_N.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat))
+
+
+class _Logits(torch.autograd.Function):
+    """logits_TE = x_TD @ w_ED.T in fp32, for bf16/fp16 inputs on CUDA: one tensor-core GEMM with fp32
+    accumulation and fp32 output (``torch.mm(..., out_dtype=float32)``). Products of two bf16/fp16
+    numbers are exact in fp32, so this is the fp32 GEMM of the upcast inputs up to summation order,
+    without writing the upcast [T, D] copy or running the fp32 GEMM (no tensor cores). The backward is
+    the fp32 one autograd computes for ``x.float() @ w.float().t()``."""
+
+    @staticmethod
+    def forward(ctx, x_TD, w_ED):
+        ctx.save_for_backward(x_TD, w_ED)
+        return torch.mm(x_TD, w_ED.t(), out_dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, g_TE):
+        x_TD, w_ED = ctx.saved_tensors
+        g_x = (g_TE @ w_ED.float()).to(x_TD.dtype) if ctx.needs_input_grad[0] else None
+        g_w = (g_TE.t() @ x_TD.float()).to(w_ED.dtype) if ctx.needs_input_grad[1] else None
+        return g_x, g_w
+
+
+def router_logits(x_TD: torch.Tensor, w_ED: torch.Tensor) -> torch.Tensor:
+    """fp32 [T, E] logits; see :class:`_Logits` for the bf16/fp16 CUDA path."""
+    if (x_TD.is_cuda and x_TD.dtype == w_ED.dtype and x_TD.dtype in (torch.bfloat16, torch.float16)
+            and _mm_out_dtype_works()):
+        return _Logits.apply(x_TD, w_ED)
+    return x_TD.float() @ w_ED.float().t()
+
+
+_MM_OUT_DTYPE: list[bool] = []
+
+
+def _mm_out_dtype_works() -> bool:
+    """``torch.mm(out_dtype=...)`` exists on CUDA from torch 2.8; probed once."""
+    if not _MM_OUT_DTYPE:
+        try:
+            a = torch.ones(2, 2, device="cuda", dtype=torch.bfloat16)
+            _MM_OUT_DTYPE.append(torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):
+            _MM_OUT_DTYPE.append(False)
+    return _MM_OUT_DTYPE[0]
 
 
 def balanced_assignment(num_tokens: int, topk: int, num_experts: int, device) -> torch.Tensor:
@@ -86,10 +130,13 @@ def route(
     score: str = "softmax",
     normalize: bool | None = None,
     force_balance: bool = False,
+    z_loss: bool = True,
 ) -> Routing:
     """Route T tokens to K of E experts. See the module docstring for the exact math.
 
-    x_TD: [T, D] any float dtype; w_ED: [E, D]. Returns a frozen :class:`Routing`.
+    x_TD: [T, D] any float dtype; w_ED: [E, D]. Returns a frozen :class:`Routing`. ``z_loss=False``
+    skips the z-loss (its field is then a zero without a graph): layers with a zero z-loss coefficient
+    save its logsumexp and its backward.
     """
     if score not in SCORE_FUNCTIONS:
         raise ValueError(f"score={score!r}: must be one of {SCORE_FUNCTIONS}")
@@ -103,7 +150,7 @@ def route(
         normalize = score == "sigmoid"
 
     # Routing decisions are precision-sensitive (ties, near-ties): always score in fp32.
-    logits_TE = x_TD.float() @ w_ED.float().t()
+    logits_TE = router_logits(x_TD, w_ED)
     scores_TE = torch.softmax(logits_TE, dim=-1) if score == "softmax" else torch.sigmoid(logits_TE)
     num_tokens = x_TD.shape[0]
     if force_balance:
@@ -120,8 +167,8 @@ def route(
     frac_E = count_per_expert(experts_TK.reshape(-1), num_experts).float() / (num_tokens * topk)
     score_for_aux = scores_TE if score == "softmax" else scores_TE / (scores_TE.sum(-1, keepdim=True) + 1e-20)
     aux_loss = num_experts * (frac_E * score_for_aux.mean(0)).sum()
-    z_loss = torch.logsumexp(logits_TE, dim=-1).pow(2).mean()
-    return Routing(probs_TK, experts_TK, aux_loss, z_loss)
+    z = torch.logsumexp(logits_TE, dim=-1).pow(2).mean() if z_loss else torch.zeros((), device=x_TD.device)
+    return Routing(probs_TK, experts_TK, aux_loss, z)
 
 
 class AttachLoss(torch.autograd.Function):
