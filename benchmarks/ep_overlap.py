@@ -43,6 +43,11 @@ PRESETS = {
     "dsv3-proxy": dict(tokens=4096, hidden=7168, ffn=2048, experts=32, topk=8),
     # CPU smoke shape: seconds on 2 gloo ranks; exercises every code path, says nothing about speed.
     "tiny": dict(tokens=64, hidden=32, ffn=16, experts=8, topk=2),
+    # The Qwen3 expert shape with the ffn size that balances the experts' compute with the all-to-alls
+    # on the fabric at hand (measured at ffn_base in the same run; ep_overlap_body.balanced_ffn): the
+    # regime of a multi-node run, where overlap can hide the most.
+    "balanced": dict(tokens=2048, hidden=2048, ffn="balanced", ffn_base=768, experts=16, topk=8),
+    "tiny-balanced": dict(tokens=64, hidden=32, ffn="balanced", ffn_base=16, experts=8, topk=2),
 }
 GPU_PRESETS = ("qwen3-30b-a3b", "deepseek-v3", "dsv3-proxy")
 MEGATRON_PROXY = {"fwd_ms": 7.12, "bwd_ms": 10.48, "world": 8, "gpu": "8xH100", "dispatcher": "alltoall",
@@ -184,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", default="2,4", help="comma-separated chunk counts of the chunked schedule")
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 20 on cuda, 3 on cpu)")
     ap.add_argument("--warmup", type=int, default=None, help="discarded rounds (default 3 on cuda, 1 on cpu)")
+    ap.add_argument("--fabric", default="native", help="NCCL fabric of every rank: native | emulated-net "
+                    "(moe_overlap/ep/fabric.py: NCCL's network transport over loopback)")
+    ap.add_argument("--a2a", default="nccl", help="all-to-all transport: nccl | ce | auto (moe_overlap/ep/transport.py)")
     ap.add_argument("--timeout", type=float, default=540)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None, help="print the tables of a results JSON and exit")
@@ -211,8 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (20 if args.device == "cuda" else 3)
     warmup = args.warmup if args.warmup is not None else (3 if args.device == "cuda" else 1)
     dtype = "bfloat16" if args.device == "cuda" else "float32"
-    for k, v in NVLS_OFF.items():  # inherited by every spawned rank
-        os.environ.setdefault(k, v)
+    from moe_overlap.ep.fabric import fabric_env
+
+    try:
+        fabric = fabric_env(args.fabric)
+    except ValueError as err:
+        print(f"--fabric: {err}", file=sys.stderr)
+        return 2
+    for k, v in {**NVLS_OFF, **fabric}.items():  # inherited by every spawned rank
+        os.environ[k] = v
     backend = "nccl" if args.device == "cuda" else "gloo"
     # A top-level module (not benchmarks.<x>, a namespace package any installed `benchmarks` would shadow):
     # spawned NCCL ranks unpickle bench_body by module name, with this process's sys.path.
@@ -220,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     from ep_overlap_body import bench_body
 
     per_rank = spawn_ranks(bench_body, world,
-                           ([(n, PRESETS[n]) for n in names], args.device, dtype, rounds, warmup, chunk_list),
+                           ([(n, PRESETS[n]) for n in names], args.device, dtype, rounds, warmup, chunk_list,
+                            args.a2a),
                            timeout=args.timeout, backend=backend, pass_group=True,
                            start_method="fork" if backend == "gloo" else "spawn")
     first = per_rank[0]
@@ -243,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {**machine_info(args.device), "gpu": first["gpu"], "rank_devices": [r["device"] for r in per_rank]},
         "versions": {"python": platform.python_version(), **first["versions"]},
-        "world": world, "ep_size": world, "backend": backend, "dtype": dtype, "rounds": rounds, "warmup": warmup,
+        "world": world, "ep_size": world, "backend": backend, "fabric": args.fabric, "a2a": args.a2a,
+        "dtype": dtype, "rounds": rounds, "warmup": warmup,
         "chunks": chunk_list, "routing": "force_balance (balanced top-k)",
         "rank_env": [r["env"] for r in per_rank],
         "timing": "CUDA events on the compute stream after an all-rank barrier (host clock on CPU); "
@@ -251,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         "efficiency_definition": "(T_ref - T_overlap) / min(T_comm, T_compute), fwd+bwd",
         "presets": presets,
     }
-    out = args.out or ROOT / "benchmarks" / "results" / f"ep_overlap_{args.device}_r{world}.json"
+    tag = "".join(f"_{v}" for v, d in ((args.fabric, "native"), (args.a2a, "nccl")) if v != d)
+    out = args.out or ROOT / "benchmarks" / "results" / f"ep_overlap_{args.device}_r{world}{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nwrote {out}")

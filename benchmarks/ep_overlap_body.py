@@ -91,32 +91,33 @@ class Clock:
         return out
 
 
-def _layer_rows(layer, block, x0, x1, gout, clock, stream, chunk_list):
-    """One round of every schedule; fills the clock."""
+def _layer_rows(layer, block, x0, x1, gout, clock, comm, chunk_list):
+    """One round of every schedule; fills the clock. ``comm``: group, stream, counts_group, transport."""
     from moe_overlap.ep.nodes import LayerRun, NodeContext
     from moe_overlap.ep.schedule_1f1b import layer_backward, layer_forward, layer_pair
     from moe_overlap.ep.wgrad import WgradStore
 
-    group = clock.group
+    group, stream = clock.group, comm.stream
+    extra = {"counts_group": comm.counts_group, "transport": comm.transport}
     for schedule, chunks in [("none", 1)] + [("chunked", c) for c in chunk_list]:
         key = "none" if schedule == "none" else f"chunked:{chunks}"
         layer.zero_grad(set_to_none=True)
         x = x0.clone().requires_grad_()
         s = stream if schedule == "chunked" else None
         out, _ = clock(f"{key}/fwd", lambda x=x, sc=schedule, c=chunks, s=s: layer(x, schedule=sc, chunks=c,
-                                                                                     comm_stream=s))
+                                                                                     comm_stream=s, **extra))
         clock(f"{key}/bwd", lambda out=out: out.backward(gout))
         del out, x
     x_BSD, x1_BSD, g_BSD = x0.unsqueeze(0), x1.unsqueeze(0), gout.unsqueeze(0)
     layer.zero_grad(set_to_none=True)
-    ctx = NodeContext(group=group, comm_stream=None, store=None, grad_scale=1.0)
+    ctx = NodeContext(group=group, comm_stream=None, store=None, grad_scale=1.0, **extra)
     run = LayerRun(block, ctx, 0.0)
     clock("nodes/fwd", lambda: layer_forward(run, x_BSD))
     clock("nodes/bwd", lambda: layer_backward(run, g_BSD, None))
     for key, delay in (("1f1b", False), ("1f1b+wgrad", True)):
         layer.zero_grad(set_to_none=True)
         store = WgradStore() if delay else None
-        ctx = NodeContext(group=group, comm_stream=stream, store=store, grad_scale=1.0)
+        ctx = NodeContext(group=group, comm_stream=stream, store=store, grad_scale=1.0, **extra)
         b, f = LayerRun(block, ctx, 0.0), LayerRun(block, ctx, 0.0)
         layer_forward(b, x_BSD)  # micro-batch k's forward, untimed
         clock(f"{key}/pair", lambda f=f, b=b, store=store: layer_pair(f, b, x1_BSD, g_BSD, store))
@@ -126,7 +127,7 @@ def _layer_rows(layer, block, x0, x1, gout, clock, stream, chunk_list):
     layer.zero_grad(set_to_none=True)
 
 
-def _pieces(layer, x0, clock):
+def _pieces(layer, x0, clock, comm):
     """The all-to-alls alone and the expert GEMMs alone, for one forward and one backward."""
     from moe_overlap.ep.all_to_all import all_to_all_sync
     from moe_overlap.ep.counts import exchange_counts, make_dispatch_plan
@@ -146,23 +147,26 @@ def _pieces(layer, x0, clock):
         pplan = plan_permute(routing.experts_TK, layer.num_experts)
         x_ND = permute_rows(x0, pplan)
         send, recv = clock("alone/count exchange", lambda: exchange_counts(
-            pplan.tokens_per_expert_E.unsqueeze(0), layer.num_experts, group))
+            pplan.tokens_per_expert_E.unsqueeze(0), layer.num_experts, group, counts_group=comm.counts_group))
         plan = make_dispatch_plan(pplan, send[0], recv[0])
         counts = plan.tokens_per_local_expert  # a device tensor at EP 1 on CUDA (no host sync)
-        recv_x = clock("alone/a2a dispatch", lambda: all_to_all_sync(x_ND, plan.recv_splits, plan.send_splits, group))
+        tr = comm.transport
+        recv_x = clock("alone/a2a dispatch", lambda: all_to_all_sync(x_ND, plan.recv_splits, plan.send_splits, group,
+                                                                     tr))
         xs = sort_rows(recv_x, plan)
         y, h = clock("alone/experts fwd", lambda: experts_forward(xs, w1, w2, counts))
         yr = unsort_rows(y, plan)
-        clock("alone/a2a combine", lambda: all_to_all_sync(yr, plan.send_splits, plan.recv_splits, group))
+        clock("alone/a2a combine", lambda: all_to_all_sync(yr, plan.send_splits, plan.recv_splits, group, tr))
         # Backward: the gradient of the combine travels like a dispatch, that of the dispatch like a combine.
         g_ND = torch.randn_like(x_ND)
         g_recv = clock("alone/a2a grad-combine", lambda: all_to_all_sync(g_ND, plan.recv_splits, plan.send_splits,
-                                                                           group))
+                                                                           group, tr))
         dy = sort_rows(g_recv, plan)
         dx, wgi = clock("alone/experts dgrad", lambda: experts_dgrad(dy, xs, h, w1, w2, counts))
         clock("alone/experts wgrad", lambda: experts_wgrad(wgi, w1, w2, counts))
         dxr = unsort_rows(dx, plan)
-        clock("alone/a2a grad-dispatch", lambda: all_to_all_sync(dxr, plan.send_splits, plan.recv_splits, group))
+        clock("alone/a2a grad-dispatch", lambda: all_to_all_sync(dxr, plan.send_splits, plan.recv_splits, group,
+                                                                 tr))
     counts = host_counts(counts)
     return {"rows_received": int(sum(counts)), "bytes_per_dispatch": int(x_ND.numel() * x_ND.element_size()),
             "tokens_per_local_expert_min": min(counts), "tokens_per_local_expert_max": max(counts)}
@@ -172,24 +176,26 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def _agreement(layer, block, x0, x1, gout, group, stream, chunks: int) -> dict[str, float]:
+def _agreement(layer, block, x0, x1, gout, comm, chunks: int) -> dict[str, float]:
     """Untimed: the overlapped paths compute what the sequential ones do (a stream race that made them
     fast and wrong would show here). Relative L2 differences; 0.0 means bitwise equal."""
     from moe_overlap.ep.nodes import LayerRun, NodeContext
     from moe_overlap.ep.schedule_1f1b import layer_backward, layer_forward, layer_pair
 
+    group, stream = comm.group, comm.stream
+    extra = {"counts_group": comm.counts_group, "transport": comm.transport}
     with torch.no_grad():
-        out_none, _ = layer(x0, schedule="none")
-        out_chunked, _ = layer(x0, schedule="chunked", chunks=chunks, comm_stream=stream)
+        out_none, _ = layer(x0, schedule="none", **extra)
+        out_chunked, _ = layer(x0, schedule="chunked", chunks=chunks, comm_stream=stream, **extra)
     x_BSD, x1_BSD, g_BSD = x0.unsqueeze(0), x1.unsqueeze(0), gout.unsqueeze(0)
-    seq = NodeContext(group=group, comm_stream=None, store=None, grad_scale=1.0)
+    seq = NodeContext(group=group, comm_stream=None, store=None, grad_scale=1.0, **extra)
     run = LayerRun(block, seq, 0.0)
     y1_ref = layer_forward(run, x1_BSD)
     layer_backward(run, g_BSD, None)
     run = LayerRun(block, seq, 0.0)
     layer_forward(run, x_BSD)
     g0_ref = layer_backward(run, g_BSD, None)
-    ovl = NodeContext(group=group, comm_stream=stream, store=None, grad_scale=1.0)
+    ovl = NodeContext(group=group, comm_stream=stream, store=None, grad_scale=1.0, **extra)
     b, f = LayerRun(block, ovl, 0.0), LayerRun(block, ovl, 0.0)
     layer_forward(b, x_BSD)
     y1, g0 = layer_pair(f, b, x1_BSD, g_BSD, None)
@@ -200,10 +206,41 @@ def _agreement(layer, block, x0, x1, gout, group, stream, chunks: int) -> dict[s
             "1f1b vs nodes, dx (micro-batch k)": _rel(g0, g0_ref)}
 
 
-def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, warmup, chunk_list):
-    """Runs in every rank: all presets, `warmup + rounds` rounds each. Returns (rank 0's) summaries."""
+def balanced_ffn(shape: dict, group, device, dtype, comm) -> int:
+    """The expert ffn size that makes the experts' fwd+bwd take about as long as the layer's four
+    all-to-alls on this fabric (measured here, at ``shape`` with ffn = ``shape["ffn"]``; compute grows
+    linearly with ffn, the all-to-alls not at all). Every rank gets the same answer (max over ranks)."""
+    from moe_overlap.ep.layer import MoELayer
+
+    layer = MoELayer(shape["hidden"], shape["ffn"], shape["experts"], shape["topk"], group,
+                     force_balance=True, dtype=dtype, device=device, seed=None)
+    x0 = torch.randn(shape["tokens"], shape["hidden"], device=device).to(dtype)
+    clock = Clock(group, device, warmup=1)
+    for r in range(3):
+        clock.round = r
+        _pieces(layer, x0, clock, comm)
+    t = clock.summary()
+    comm_ms = sum(t[k]["median_ms"] for k in t if k.startswith("alone/a2a"))
+    comp_ms = sum(t[k]["median_ms"] for k in ("alone/experts fwd", "alone/experts dgrad", "alone/experts wgrad"))
+    ratio = torch.tensor([comm_ms / max(comp_ms, 1e-6)], dtype=torch.float64, device=device)
+    dist.all_reduce(ratio, op=dist.ReduceOp.MAX, group=group)
+    # Multiples of 128 keep the grouped GEMMs' strides aligned; 64k caps the weights at a few GB.
+    return int(min(65536, max(128, round(shape["ffn"] * float(ratio) / 128) * 128)))
+
+
+def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, warmup, chunk_list, a2a="nccl"):
+    """Runs in every rank: all presets, `warmup + rounds` rounds each. Returns (rank 0's) summaries.
+
+    ``a2a``: the all-to-all transport (moe_overlap/ep/transport.py: nccl | ce | auto); the token counts
+    travel over a host (gloo) group when world > 1. A preset with ``"ffn": "balanced"`` gets the ffn size
+    that balances compute and communication on this fabric (:func:`balanced_ffn`).
+    """
+    from types import SimpleNamespace
+
+    from moe_overlap.ep.fabric import FABRICS
     from moe_overlap.ep.layer import MoELayer
     from moe_overlap.ep.streams import make_comm_stream
+    from moe_overlap.ep.transport import make_transport
 
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     env = {k: os.environ.get(k) for k in NVLS_ENV}
@@ -211,10 +248,19 @@ def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, war
         raise RuntimeError(f"NVLink multicast must be off in every rank; environment has {env}")
     # Recorded, not required: CUDA's default (8) lets the comm stream's kernels run beside the GEMMs.
     env["CUDA_DEVICE_MAX_CONNECTIONS"] = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    env.update({k: os.environ.get(k) for k in sorted({k for f in FABRICS.values() for k in f})})
     dtype = getattr(torch, dtype_name)
-    stream = make_comm_stream(device)
+    counts_group = dist.new_group(backend="gloo") if world > 1 else None
     results = []
     for name, shape in presets:
+        shape = dict(shape)
+        elt = torch.finfo(dtype).bits // 8
+        transport, why = make_transport(a2a, group, device, max_rows=shape["tokens"] * shape["topk"],
+                                        max_row_bytes=shape["hidden"] * elt)
+        comm = SimpleNamespace(group=group, stream=make_comm_stream(device), counts_group=counts_group,
+                               transport=transport)
+        if shape["ffn"] == "balanced":
+            shape["ffn"] = balanced_ffn(dict(shape, ffn=shape["ffn_base"]), group, device, dtype, comm)
         # seed=None: no host-side draw of all E experts (45 GB fp32 at the DeepSeek-V3 shape).
         layer = MoELayer(shape["hidden"], shape["ffn"], shape["experts"], shape["topk"], group,
                          force_balance=True, dtype=dtype, device=device, seed=None)
@@ -226,16 +272,16 @@ def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, war
         info = {}
         for r in range(warmup + rounds):
             clock.round = r
-            _layer_rows(layer, block, x0, x1, gout, clock, stream, chunk_list)
-            info = _pieces(layer, x0, clock)
-        info["agreement_rel_l2"] = _agreement(layer, block, x0, x1, gout, group, stream, max(chunk_list, default=2))
+            _layer_rows(layer, block, x0, x1, gout, clock, comm, chunk_list)
+            info = _pieces(layer, x0, clock, comm)
+        info["agreement_rel_l2"] = _agreement(layer, block, x0, x1, gout, comm, max(chunk_list, default=2))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             info["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(device))
             torch.cuda.reset_peak_memory_stats(device)
         results.append({"preset": name, "shape": shape, "local_experts": layer.num_local_experts,
-                        "expert_path": layer.expert_path(x0), "times": clock.summary(), **info})
-        del layer, block, x0, x1, gout
+                        "expert_path": layer.expert_path(x0), "transport": why, "times": clock.summary(), **info})
+        del layer, block, x0, x1, gout, comm, transport
         if device.type == "cuda":
             torch.cuda.empty_cache()
     nccl = torch.cuda.nccl.version() if device_type == "cuda" else None

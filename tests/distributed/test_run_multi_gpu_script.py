@@ -25,12 +25,16 @@ def test_dry_run_produces_every_output(tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "ep_overlap_cpu_r2.json", "run_multi_gpu_r2.log", "verify_default_r2.json", "verify_r2.tar.gz"]
+        "ep_overlap_cpu_r2.json", "ep_overlap_cpu_r2_emulated-net.json", "run_multi_gpu_all_r2.log",
+        "verify_default_r2.json", "verify_r2.tar.gz"]
     # The script exports NVLink multicast off itself (removed from its environment above).
     for line in ("NCCL_NVLS_ENABLE=0", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1", "NVSHMEM_DISABLE_NVLS=1"):
         assert line in log
-    for name in ("ep_overlap benchmark", "verify (GPU-sized config)", "verify (embedded model)"):
+    for name in ("ep_overlap nccl", "ep_overlap emulated-net", "verify (GPU-sized config)", "verify (embedded model)"):
         assert f"=== {name}: exit 0" in log
+    net = json.loads((tmp_path / "ep_overlap_cpu_r2_emulated-net.json").read_text())
+    assert net["fabric"] == "emulated-net" and net["rank_env"][0]["NCCL_P2P_DISABLE"] == "1"
+    assert isinstance(net["presets"][0]["shape"]["ffn"], int)  # the balanced ffn was measured and set
     assert "torchrun --nnodes 1 --nproc-per-node 2" in log  # the GPU config was planned
     bench = json.loads((tmp_path / "ep_overlap_cpu_r2.json").read_text())
     assert bench["world"] == 2 and [p["preset"] for p in bench["presets"]] == ["tiny"]
