@@ -31,9 +31,10 @@ the user. Repeat until `valid` is true.
 (ep, experts, dispatcher, stage) for a minimal working config; keep delay_wgrad_compute off for the first \
 rollout. Validate the result again (step 1).
 3. Verify. Call `run_verification` with the config (background=true when the run may exceed about a \
-minute; then poll `get_verification_status`). Proceed only if the report's verdict is `passed`: losses \
-match baseline and the overlap runs complete. On any other verdict call `diagnose_failure` with \
-report.failure.message or the failing criterion's summary.
+minute; then poll `get_verification_status`). Proceed only if the report's verdict is `passed` (GPU: \
+losses match baseline, the overlap runs complete, throughput judged) or `throughput-not-judged` (CPU: \
+correctness only; say that speed was not judged, and quote report.analysis.explanation). On any other \
+verdict call `diagnose_failure` with report.failure.message or the failing criterion's summary.
 4. Check logs. After the user runs the real job, call `check_training_log` on its log (text or a path \
 under the allowed folder) to confirm the effective settings and catch failures; call `diagnose_failure` \
 on any error it reports.

@@ -71,9 +71,13 @@ def status_of(job: Job, *, with_children: bool = False) -> VerificationStatus:
                "or cancel_verification")
     elif job.state == "succeeded":
         verdict = (report or {}).get("verdict")
-        nxt = ("verdict passed: enable the setting in the real job, then check its log with check_training_log"
-               if verdict == "passed" else
-               f"verdict {verdict}: read report.criteria and report.failure, then diagnose_failure on the message")
+        if verdict == "passed":
+            nxt = "verdict passed: enable the setting in the real job, then check its log with check_training_log"
+        elif verdict == "throughput-not-judged":
+            nxt = ("correctness verified, speed not judged (CPU run): to decide on throughput, run on GPUs "
+                   "(device='cuda') or read report.analysis for the measured split and the estimate")
+        else:
+            nxt = f"verdict {verdict}: read report.criteria and report.failure, then diagnose_failure on the message"
     elif job.state == "cancelled":
         nxt = "cancelled; start a new run with run_verification when ready"
     else:

@@ -25,11 +25,13 @@ from moe_overlap.verify.judge import (
     criterion_loss,
     criterion_throughput,
     criterion_validation,
+    headline,
     verdict,
 )
 from moe_overlap.verify.launcher import LaunchResult, launch
 from moe_overlap.verify.options import VerifyOptions
 from moe_overlap.verify.plan import Plan, VerifyInputError, make_plan, prepare_out, validate_modes
+from moe_overlap.verify.plan_file import save_plan
 from moe_overlap.verify.records import mode_log_path
 from moe_overlap.verify.report import write_outputs
 from moe_overlap.verify.report_model import (
@@ -62,7 +64,7 @@ def _runs(plan: Plan, records: dict[int, list[dict[str, Any]]]) -> list[ModeRun]
         if rec.get("kind") == "mode_start":
             started.add(rec["mode"])
         elif rec.get("kind") == "step":
-            steps[rec["mode"]].append(StepRecord(**{k: rec[k] for k in StepRecord.model_fields}))
+            steps[rec["mode"]].append(StepRecord(**{k: rec[k] for k in StepRecord.model_fields if k in rec}))
         elif rec.get("kind") == "mode_end":
             notes[rec["mode"]] = list(rec.get("notes") or [])
     runs = []
@@ -106,24 +108,23 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
     log_checks = _log_checks(plan, runs)
     launch_ev = {"status": result.status, "message": result.message, "returncodes": result.returncodes,
                  "elapsed_s": round(result.elapsed_s, 2), "pids": result.pids}
+    # On CPU, gloo ranks on shared cores are not the workload overlap is for: measured, reported, not judged.
     throughput_binding = plan.device == "cuda"
     criteria = [criterion_validation(validation), criterion_completion(launch_ev, runs, plan.cfg.steps, log_checks),
-                criterion_throughput(runs, throughput_binding), criterion_loss(runs, plan.cfg.precision)]
+                criterion_throughput(runs, plan.device, throughput_binding), criterion_loss(runs, plan.cfg.precision)]
     v = verdict(result.status, criteria)
     notes = list(plan.notes) + list(extra_notes)
     if not throughput_binding:
-        notes.append("throughput is measured but not binding on --device cpu: gloo on shared CPU cores is not the "
-                     "target workload; run with --device cuda for a binding throughput criterion")
+        notes.append("throughput is measured but not judged on --device cpu (gloo on shared CPU cores is not the "
+                     "target workload): the verdict is at best throughput-not-judged; run with --device cuda for "
+                     "a judged throughput criterion")
     failure = None
     if result.status != "completed":
         failure = RankFailure(rank=result.failed_rank, kind=result.status, message=result.message,
                               traceback=result.traceback, stacks=result.stacks)
     torch_version = next((rec.get("torch") for rec in result.records.get(0, []) if rec.get("kind") == "init"),
                          None) or _torch_version()
-    failed = [c.id for c in criteria if c.status == "fail"]
-    skipped = [c.id for c in criteria if c.status == "skipped" and c.binding]
-    summary = {"passed": "all success criteria met", "failed": "criteria failed: " + ", ".join(failed),
-               "inconclusive": "not assessed: " + ", ".join(skipped)}.get(v, f"{v}: {result.message}")
+    summary = headline(v, criteria, result.message)
     report = VerificationReport(
         verdict=v, summary=summary, started_at=started_at, elapsed_s=round(time.monotonic() - t0, 2),
         command=command, config_source=plan.config_source, config=plan.cfg.model_dump(),
@@ -141,6 +142,7 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
     t0 = time.monotonic()
     plan = make_plan(options)  # raises VerifyInputError: nothing launched yet
     config_path = prepare_out(plan)  # raises VerifyInputError too
+    save_plan(plan)  # the folder can be judged again later: moe-overlap verify --judge OUT
     validation = validate_modes(plan)
 
     progress_broken: list[str] = []

@@ -2,54 +2,34 @@
 
   1 config-validation  the validator accepts the dispatcher and overlap parameters
   2 completes-cleanly  every rank finished every step: no hang, no crash, no assertion error in any log
-  3 throughput         tokens/s of each overlap mode over the baseline from paired (interleaved) steps, with a
-                       noise band measured from the repeated steps; `regressed` only below the band
+  3 throughput         tokens/s of each overlap mode over the baseline from paired (interleaved) steps, judged
+                       pass / fail / inconclusive against a tolerance (throughput.py); binding on CUDA only
   4 loss-trajectory    per-step max absolute / relative difference to the baseline, and whether it is bitwise equal
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any
 
 from moe_overlap.verify.report_model import Criterion, ModeRun
+from moe_overlap.verify.throughput import TOLERANCE, WARMUP_STEPS, compare, describe
 
 # Relative loss tolerance per precision. fp32 schedules reorder nothing that matters at this size, so any
 # difference beyond rounding noise is a bug; bf16/fp16 round every GEMM output, and a different chunking
 # or accumulation order shows up after a few optimizer steps.
 LOSS_RTOL = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 3e-2}
-MIN_BAND = 0.01  # a ratio within 1% is never called a change, whatever the measured noise
-WARMUP_STEPS = 1
 
 
-def _robust_sd(xs: list[float]) -> float:
-    """Standard deviation from the median absolute deviation (step times have heavy tails)."""
-    med = statistics.median(xs)
-    return 1.4826 * statistics.median(abs(x - med) for x in xs)
-
-
-def throughput_comparison(base: ModeRun, other: ModeRun) -> dict[str, Any]:
-    """Tokens/s ratio other/baseline from paired steps, and its noise band.
-
-    The modes run interleaved (step i of every mode back to back), so step i's time ratio is a paired
-    sample: machine drift cancels within a pair. ratio = exp(median(log r_i)); the band is 2 standard
-    errors of that median (1.2533 x sd / sqrt(n) for a median), never below MIN_BAND.
-    """
+def throughput_comparison(base: ModeRun, other: ModeRun, tolerance: float) -> dict[str, Any]:
+    """Tokens/s of ``other`` over the baseline from paired steps, judged against ``tolerance`` (throughput.py)."""
+    c = compare([s.step_time_s for s in base.steps], [s.step_time_s for s in other.steps], tolerance)
     n = min(len(base.steps), len(other.steps))
-    pairs = [(base.steps[i].step_time_s, other.steps[i].step_time_s) for i in range(WARMUP_STEPS, n)]
-    logs = [math.log(b / o) for b, o in pairs if b > 0 and o > 0]
-    if len(logs) < 2:
-        return {"mode": other.mode, "status": "insufficient-data", "steps_compared": len(logs)}
-    ratio = math.exp(statistics.median(logs))  # tokens/s ratio = inverse step-time ratio
-    band = max(MIN_BAND, math.expm1(2.0 * 1.2533 * _robust_sd(logs) / math.sqrt(len(logs))))
-    status = "improved" if ratio > 1 + band else "regressed" if ratio < 1 / (1 + band) else "neutral"
-    med = statistics.median
-    return {"mode": other.mode, "status": status, "ratio": round(ratio, 4), "noise_band": round(band, 4),
-            "baseline_median_step_s": med(b for b, _ in pairs), "mode_median_step_s": med(o for _, o in pairs),
-            "baseline_tokens_per_s": round(med(s.tokens_per_s for s in base.steps[WARMUP_STEPS:n]), 1),
-            "mode_tokens_per_s": round(med(s.tokens_per_s for s in other.steps[WARMUP_STEPS:n]), 1),
-            "steps_compared": len(logs), "warmup_steps_excluded": WARMUP_STEPS, "method": "paired median"}
+    if c["outcome"] != "insufficient-data":
+        med = statistics.median
+        c["baseline_tokens_per_s"] = round(med(s.tokens_per_s for s in base.steps[WARMUP_STEPS:n]), 1)
+        c["mode_tokens_per_s"] = round(med(s.tokens_per_s for s in other.steps[WARMUP_STEPS:n]), 1)
+    return {"mode": other.mode, **c}
 
 
 def loss_comparison(base: ModeRun, other: ModeRun, rtol: float) -> dict[str, Any]:
@@ -107,23 +87,25 @@ def _baseline_and_others(runs: list[ModeRun]) -> tuple[ModeRun | None, list[Mode
     return next((r for r in runs if r.mode == "baseline"), None), [r for r in runs if r.mode != "baseline"]
 
 
-def criterion_throughput(runs: list[ModeRun], binding: bool) -> Criterion:
-    title = "throughput improves or at least does not regress (outside the noise band)"
+def criterion_throughput(runs: list[ModeRun], device: str, binding: bool) -> Criterion:
+    """Every overlap mode against the baseline at ``device``'s tolerance; ``binding`` False: measured and
+    reported, but the verdict does not rest on it (it then says "throughput not judged")."""
+    title = "throughput improves or does not regress beyond the tolerance"
     base, others = _baseline_and_others(runs)
+    tolerance = TOLERANCE.get(device, TOLERANCE["cuda"])
     if base is None or not others:
         return Criterion(id="throughput", title=title, status="skipped", binding=binding, summary=NEEDS_BASELINE)
-    comps = [throughput_comparison(base, o) for o in others]
-    if any(c["status"] == "insufficient-data" for c in comps):
-        status, summary = "skipped", "not enough completed steps to measure throughput"
+    comps = [throughput_comparison(base, o, tolerance) for o in others]
+    outcomes = {c["outcome"] for c in comps}
+    if "insufficient-data" in outcomes:
+        status = "skipped"
     else:
-        regressed = [c for c in comps if c["status"] == "regressed"]
-        status = ("fail" if binding else "warn") if regressed else "pass"
-        summary = "; ".join(f"{c['mode']}: x{c['ratio']:.3f} tokens/s (noise band ±{c['noise_band']:.1%}, "
-                            f"{c['status']})" for c in comps)
-        if regressed and not binding:
-            summary += " [not binding on this device: see notes]"
+        status = "fail" if "fail" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
+    summary = "; ".join(describe(c["mode"], c) for c in comps)
+    if not binding:
+        summary = f"not judged on --device {device} (measured only, see docs/verify.md): {summary}"
     return Criterion(id="throughput", title=title, status=status, binding=binding, summary=summary,
-                     evidence={"comparisons": comps})
+                     evidence={"comparisons": comps, "tolerance": tolerance, "device": device})
 
 
 def criterion_loss(runs: list[ModeRun], precision: str) -> Criterion:
@@ -147,10 +129,42 @@ def criterion_loss(runs: list[ModeRun], precision: str) -> Criterion:
 
 
 def verdict(launch_status: str, criteria: list[Criterion]) -> str:
-    """passed only when every binding criterion was actually assessed (e.g. --modes overlap alone cannot
-    compare anything with a baseline: inconclusive, not passed)."""
+    """``passed`` only when every criterion was judged and passed. A binding criterion that could not be
+    assessed or settled (no baseline, too few steps, a band wider than the tolerance) gives
+    ``inconclusive``; a criterion that is not binding (throughput on CPU) gives ``throughput-not-judged``
+    when everything else passed: never ``passed``."""
     if launch_status != "completed":
         return launch_status
     if any(c.status == "fail" and c.binding for c in criteria):
         return "failed"
-    return "inconclusive" if any(c.status == "skipped" and c.binding for c in criteria) else "passed"
+    if any(c.binding and c.status in ("skipped", "inconclusive") for c in criteria):
+        return "inconclusive"
+    if any(not c.binding for c in criteria):
+        return "throughput-not-judged"
+    return "passed"
+
+
+def _short_throughput(c: Criterion) -> str:
+    comps = c.evidence.get("comparisons") or []
+    parts = [f"{x['mode']} x{x['ratio']:.3f} ({x['outcome']})" for x in comps if "ratio" in x]
+    return ", ".join(parts) or c.summary
+
+
+def headline(verdict_: str, criteria: list[Criterion], launch_message: str = "") -> str:
+    """The report's one-line summary: what the verdict rests on, in words."""
+    tp = next((c for c in criteria if c.id == "throughput"), None)
+    failed = [c for c in criteria if c.binding and c.status == "fail"]
+    open_ = [c for c in criteria if c.binding and c.status in ("skipped", "inconclusive")]
+    if verdict_ == "passed":
+        return "all success criteria met, throughput judged: " + (_short_throughput(tp) if tp else "")
+    if verdict_ == "throughput-not-judged":
+        device = tp.evidence.get("device", "this device") if tp else "this device"
+        measured = f"measured {_short_throughput(tp)}, not binding" if tp and tp.status != "skipped" else "not measured"
+        return (f"throughput not judged (--device {device}: {measured}); passed: "
+                + ", ".join(c.id for c in criteria if c.binding))
+    if verdict_ == "failed":
+        return "criteria failed: " + "; ".join(
+            f"{c.id} ({_short_throughput(c) if c.id == 'throughput' else c.summary})" for c in failed)
+    if verdict_ == "inconclusive":
+        return "not settled: " + "; ".join(f"{c.id} ({c.summary})" for c in open_)
+    return f"{verdict_}: {launch_message}".rstrip(": ")

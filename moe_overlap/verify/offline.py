@@ -3,6 +3,7 @@
 `--print-launch` writes ``config.json`` and ``plan.json`` into --out; after the cluster job,
 ``moe-overlap verify --judge OUT`` reads the ranks' records and logs there and writes the same report
 as a local run (the launcher's watchdog was not there: an unfinished rank is reported from its records).
+A local run writes plan.json too, so its folder can be judged again (e.g. after a change of the judge).
 """
 
 from __future__ import annotations
@@ -16,22 +17,15 @@ from moe_overlap.verify.config import VerifyConfig, VerifyConfigError, parse_meg
 from moe_overlap.verify.launcher import LaunchResult
 from moe_overlap.verify.modes import ModeSpec
 from moe_overlap.verify.plan import Plan, VerifyInputError, prepare_out, validate_modes, validated_config
+from moe_overlap.verify.plan_file import PLAN_FILE, save_plan
 from moe_overlap.verify.records import read_all, records_path
 from moe_overlap.verify.report_model import VerificationReport
-
-PLAN_FILE = "plan.json"
 
 
 def write_plan(plan: Plan) -> Path:
     """Everything `judge_run_dir` needs to rebuild the plan (config.json is written beside it)."""
     prepare_out(plan)
-    data = {"config_source": plan.config_source, "config_kind": plan.config_kind, "nproc": plan.nproc,
-            "device": plan.device, "specs": [s.to_dict() for s in plan.specs], "notes": plan.notes,
-            "mapping_notes": plan.mapping_notes,
-            "raw_source": plan.raw_source if isinstance(plan.raw_source, dict | None) else str(plan.raw_source)}
-    path = plan.out / PLAN_FILE
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
+    return save_plan(plan)
 
 
 def _load_plan(out: Path) -> Plan:

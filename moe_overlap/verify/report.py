@@ -12,7 +12,7 @@ from pathlib import Path
 
 from moe_overlap.verify.report_model import VerificationReport
 
-_MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "skipped": "SKIP"}
+_MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "SKIP"}
 
 
 def plot_losses(report: VerificationReport, path: Path) -> str | None:
@@ -53,9 +53,10 @@ def render_markdown(report: VerificationReport) -> str:
              f"{cfg.get('num_moe_experts')} experts, top-{cfg.get('moe_router_topk')}, {cfg.get('precision')}, "
              f"{cfg.get('steps')} steps x {cfg.get('micro_batches')} micro-batches",
              f"- command: `{report.command}`" if report.command else "", "",
-             "## Success criteria", "", "| criterion | status | binding | evidence |", "|---|---|---|---|"]
+             "## Success criteria", "", "| criterion | status | judged | evidence |", "|---|---|---|---|"]
     for c in report.criteria:
-        lines.append(f"| {c.title} | {_MARK[c.status]} | {'yes' if c.binding else 'no'} | "
+        judged = "yes" if c.judged else "no (not binding here)" if not c.binding else "no (not assessed)"
+        lines.append(f"| {c.title} | {_MARK[c.status]} | {judged} | "
                      f"{c.summary.replace('|', '/')} |")
     lines += ["", "## Modes", "", "| mode | schedule | overlap | delay wgrad | status | steps | first loss | "
               "last loss | median tokens/s |", "|---|---|---|---|---|---|---|---|---|"]

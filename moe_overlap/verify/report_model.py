@@ -4,10 +4,13 @@
 (``python tools/gen_schemas.py``); every report the tests produce is validated against it.
 
 Verdicts:
-  passed     every binding criterion passed
+  passed     every criterion was judged and passed (throughput included: only on --device cuda)
+  throughput-not-judged  config validation, completion and loss passed; throughput was measured but is not
+             binding on this device (--device cpu), so the run says nothing about speed. Never "passed"
   failed     a run completed but a criterion failed (invalid config, loss mismatch, throughput regression)
-  inconclusive  a run completed, nothing failed, but a binding criterion could not be assessed
-                (e.g. no baseline mode to compare with, or no validator installed)
+  inconclusive  a run completed, nothing failed, but a binding criterion could not be assessed or settled
+                (no baseline mode to compare with, no validator installed, a throughput band wider than
+                the tolerance: its evidence says how many steps would settle it)
   crashed    a rank raised or exited non-zero (its traceback is in ``failure``)
   hang       a rank sent no heartbeat for ``hang_timeout_s`` (stacks of all ranks in ``failure``)
   timeout    the whole run exceeded ``timeout_s``
@@ -18,10 +21,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Verdict = Literal["passed", "failed", "inconclusive", "crashed", "hang", "timeout", "cancelled"]
-CriterionStatus = Literal["pass", "fail", "warn", "skipped"]
+Verdict = Literal["passed", "throughput-not-judged", "failed", "inconclusive", "crashed", "hang", "timeout",
+                  "cancelled"]
+CriterionStatus = Literal["pass", "fail", "inconclusive", "skipped"]
 
 
 class _Model(BaseModel):
@@ -57,10 +61,18 @@ class Criterion(_Model):
 
     id: Literal["config-validation", "completes-cleanly", "throughput", "loss-trajectory"]
     title: str
-    status: CriterionStatus
-    binding: bool = Field(description="whether a 'fail' makes the verdict 'failed'")
+    status: CriterionStatus = Field(description="pass / fail / inconclusive (measured, not settled: see the "
+                                    "evidence), or skipped (could not be measured)")
+    binding: bool = Field(description="whether the verdict rests on this criterion (false: throughput on "
+                                      "--device cpu, measured and reported only)")
+    judged: bool = Field(False, description="binding and assessed (status is not 'skipped'); set from those two")
     summary: str
     evidence: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _judged(self) -> Criterion:
+        self.judged = self.binding and self.status != "skipped"
+        return self
 
 
 class RankFailure(_Model):

@@ -1,17 +1,21 @@
-"""The verdict logic on synthetic step records (torch-free): noise band, loss tolerance, bitwise flag."""
+"""The verdict logic on synthetic step records (torch-free): throughput band and tolerance, loss tolerance,
+bitwise flag, verdict words."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
+
 from moe_overlap.verify.judge import (
     criterion_loss,
     criterion_throughput,
+    headline,
     loss_comparison,
     throughput_comparison,
     verdict,
 )
-from moe_overlap.verify.report_model import ModeRun, StepRecord
+from moe_overlap.verify.report_model import Criterion, ModeRun, StepRecord
 
 
 def _run(mode, times, losses=None):
@@ -28,28 +32,62 @@ def _noisy(mean, rel, n, seed):
     return [mean * (1 + rng.uniform(-rel, rel)) for _ in range(n)]
 
 
-def test_within_noise_is_neutral_not_regressed():
-    base = _run("baseline", [2.0] + _noisy(1.0, 0.10, 10, 1))
-    slower = _run("overlap", [2.0] + _noisy(1.03, 0.10, 10, 2))  # 3% slower inside ±10% noise
-    c = throughput_comparison(base, slower)
-    assert c["status"] == "neutral" and c["noise_band"] > 0.03
+def test_slower_within_tolerance_passes_and_beyond_fails():
+    base = _run("baseline", [2.0] + _noisy(1.0, 0.002, 30, 1))
+    slightly = _run("overlap", [2.0] + _noisy(1.01, 0.002, 30, 2))  # 1% slower, tolerance 2% on cuda
+    c = throughput_comparison(base, slightly, 0.02)
+    assert c["outcome"] == "pass" and c["change"] == "slower" and c["band_low"] > 0.98
+    slow = _run("overlap", [2.0] + _noisy(1.05, 0.002, 30, 3))
+    c = throughput_comparison(base, slow, 0.02)
+    assert c["outcome"] == "fail" and c["band_high"] < 0.98
+    fast = _run("overlap", [2.0] + _noisy(0.5, 0.01, 10, 5))
+    c = throughput_comparison(base, fast, 0.02)
+    assert c["outcome"] == "pass" and c["change"] == "faster" and 1.9 < c["ratio"] < 2.1
 
 
-def test_outside_band_is_regressed_and_binding_decides():
+def test_wide_band_is_inconclusive_and_says_how_many_steps():
+    """±20% step noise, 3% slower: the band straddles the -2% line; more steps would settle it."""
+    base = _run("baseline", [2.0] + _noisy(1.0, 0.2, 8, 6))
+    other = _run("overlap", [2.0] + _noisy(1.06, 0.2, 8, 7))
+    c = throughput_comparison(base, other, 0.02)
+    assert c["outcome"] == "inconclusive" and c["band_low"] < 0.98 < c["band_high"]
+    assert c["steps_to_settle"] is None or c["steps_to_settle"] > 9
+    crit = criterion_throughput([base, other], "cuda", binding=True)
+    assert crit.status == "inconclusive" and crit.judged and verdict("completed", [crit]) == "inconclusive"
+    assert "would settle it" in crit.summary or "sits on the tolerance line" in crit.summary
+
+
+@pytest.mark.parametrize("factor", [1.25, 1.5, 2.0, 3.0])
+@pytest.mark.parametrize("noise", [0.01, 0.1, 0.5, 0.9])
+def test_slower_modes_never_pass(factor, noise):
+    """However noisy the steps, a mode 1.25x-3x slower is never judged pass, and the verdict is never passed."""
+    for seed in range(5):
+        base = _run("baseline", [2.0] + _noisy(1.0, noise, 12, seed))
+        slow = _run("overlap", [2.0 * factor] + _noisy(factor, noise, 12, 100 + seed))
+        for device, binding in (("cuda", True), ("cpu", False)):
+            crit = criterion_throughput([base, slow], device, binding)
+            assert crit.status in ("fail", "inconclusive"), crit.summary
+            assert verdict("completed", [crit]) != "passed"
+
+
+def test_not_binding_on_cpu_gives_throughput_not_judged():
     base = _run("baseline", [2.0] + _noisy(1.0, 0.01, 10, 3))
     slow = _run("overlap", [2.0] + _noisy(1.5, 0.01, 10, 4))
-    assert throughput_comparison(base, slow)["status"] == "regressed"
-    assert criterion_throughput([base, slow], binding=True).status == "fail"
-    assert criterion_throughput([base, slow], binding=False).status == "warn"
-    fast = _run("overlap", [2.0] + _noisy(0.5, 0.01, 10, 5))
-    c = throughput_comparison(base, fast)
-    assert c["status"] == "improved" and 1.9 < c["ratio"] < 2.1
+    assert throughput_comparison(base, slow, 0.02)["outcome"] == "fail"
+    assert criterion_throughput([base, slow], "cuda", binding=True).status == "fail"
+    crit = criterion_throughput([base, slow], "cpu", binding=False)
+    assert crit.status == "fail" and not crit.binding and not crit.judged
+    loss = criterion_loss([base, base.model_copy(update={"mode": "overlap"})], "fp32")
+    v = verdict("completed", [loss, crit])
+    assert v == "throughput-not-judged"
+    text = headline(v, [loss, crit])
+    assert text.startswith("throughput not judged") and "all success criteria met" not in text
 
 
 def test_warmup_step_is_excluded():
     base = _run("baseline", [100.0, 1.0, 1.0, 1.0])
     other = _run("overlap", [1.0, 1.0, 1.0, 1.0])
-    assert throughput_comparison(base, other)["status"] == "neutral"
+    assert throughput_comparison(base, other, 0.02)["outcome"] == "pass"
 
 
 def test_loss_bitwise_and_tolerance():
@@ -80,12 +118,19 @@ def test_paired_steps_cancel_machine_drift():
     drift = [1.0 + 0.2 * i for i in range(11)]
     base = _run("baseline", drift)
     other = _run("overlap", [t / 1.1 for t in drift])
-    c = throughput_comparison(base, other)
-    assert c["status"] == "improved" and abs(c["ratio"] - 1.1) < 1e-9 and c["noise_band"] == 0.01
+    c = throughput_comparison(base, other, 0.02)
+    assert c["outcome"] == "pass" and c["change"] == "faster" and abs(c["ratio"] - 1.1) < 1e-9
+    assert c["half_width"] == 0.01
 
 
 def test_nothing_to_compare_is_inconclusive():
     only = _run("overlap", [1.0] * 4)
-    crit = [criterion_loss([only], "fp32"), criterion_throughput([only], binding=False)]
-    assert crit[0].status == "skipped"
+    crit = [criterion_loss([only], "fp32"), criterion_throughput([only], "cpu", binding=False)]
+    assert crit[0].status == "skipped" and not crit[0].judged and crit[0].binding
     assert verdict("completed", crit) == "inconclusive"
+
+
+def test_judged_follows_binding_and_status():
+    c = Criterion(id="throughput", title="t", status="pass", binding=False, judged=True, summary="s")
+    assert c.judged is False  # set from binding and status, whatever the input says
+    assert Criterion(id="throughput", title="t", status="inconclusive", binding=True, summary="s").judged
