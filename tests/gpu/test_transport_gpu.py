@@ -119,3 +119,4 @@ def _nosync_body(rank, world, group):
 
 def test_ep1_layer_has_no_host_sync():
     assert run_ranks(_nosync_body, 1, timeout=240, backend="nccl") == ["no host sync"]
+
