@@ -14,7 +14,8 @@ so timings do not depend on routing skew). What each row times: benchmarks/ep_ov
     1.0 = the shorter of the two fully hidden; <= 0 = no gain. All times fwd+bwd, medians over rounds
     of the slowest rank.
 
-The dsv3-proxy preset is Megatron-Core's single-layer figure shape (ANCHORS.md section 2: 4096 tokens,
+The dsv3-proxy preset is Megatron-Core's single-layer figure shape (Megatron-LM's MoE performance baseline,
+"moe_perf"; the card's evidence `megatron-moe-perf-baseline`: 4096 tokens,
 hidden 7168, ffn 2048, 32 experts, top-8, EP8, alltoall, 8xH100: 7.12 ms fwd / 10.48 ms bwd, no overlap);
 the JSON sets it next to ours and says whether the world size matches (EP8) and that ours is H200.
 
@@ -51,7 +52,7 @@ PRESETS = {
 }
 GPU_PRESETS = ("qwen3-30b-a3b", "deepseek-v3", "dsv3-proxy")
 MEGATRON_PROXY = {"fwd_ms": 7.12, "bwd_ms": 10.48, "world": 8, "gpu": "8xH100", "dispatcher": "alltoall",
-                  "overlap": False, "source": "ANCHORS.md section 2: Megatron-LM moe_perf baseline (DSv3 proxy)"}
+                  "overlap": False, "source": "Megatron-LM moe_perf baseline (DSv3 proxy); card evidence megatron-moe-perf-baseline"}
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 COMM_KEYS = ("alone/a2a dispatch", "alone/a2a combine", "alone/a2a grad-combine", "alone/a2a grad-dispatch")
 

@@ -13,7 +13,8 @@ Implementations (--impl, repeatable; ours first, it is the yardstick):
                   (benchmarks/peers_titan.py says what is mapped and how)
   megatron        Megatron-Core MoELayer without Transformer Engine: GroupedMLP when the grouped_gemm
                   extension imports, else SequentialMLP (benchmarks/peers_megatron.py); CUDA only
-Shapes (ANCHORS: Qwen3-30B-A3B's MoE block and Megatron-Core's DeepSeek-V3 single-layer proxy), T tokens per
+Shapes (Qwen3-30B-A3B's MoE block from its Hugging Face config.json, and Megatron-Core's DeepSeek-V3 single-layer
+proxy from Megatron-LM's MoE performance baseline), T tokens per
 rank, all E experts split over the EP ranks: qwen3-30b-a3b T 4096, D 2048, F 768, E 128, top-8;
 dsv3-proxy T 4096, D 7168, F 2048, E 32, top-8. Routing: softmax scores, the K chosen renormalised (Qwen3's
 norm_topk_prob), expert (t*K + k) % E for token t's k-th slot in every implementation. What each rank runs and

@@ -3,7 +3,7 @@
 Shape legend: B micro-batch size, S sequence, T = B*S local tokens, K top-k, N = T*K rows this rank
 sends, R rows it receives for its local experts, D hidden.
 
-Nodes (Megatron-Core's fine-grained layer split, ANCHORS.md section 3):
+Nodes (Megatron-Core's fine-grained layer split: Megatron-LM `megatron/core/models/gpt/fine_grained_callables.py`):
     pre-dispatch (compute): h = x + attn(norm1(x)); z = norm2(h); route(z); permute z -> x_ND; counts
     dispatch     (comm):    x_ND -- all-to-all --> recv_RD
     experts      (compute): sort by local expert, grouped SwiGLU experts, unsort -> y_RD

@@ -2,7 +2,8 @@
 
 With M >= 2 micro-batches: F(0) alone; then for k = 0..M-2 the forward of micro-batch k+1 runs
 interleaved with the backward of micro-batch k, node by node (forward layer i paired with backward
-layer L-1-i); then B(M-1) alone. Per layer pair, the order of ANCHORS.md section 3:
+layer L-1-i); then B(M-1) alone. Per layer pair, the order of Megatron-Core's layer-level 1F1B
+(Megatron-LM `megatron/core/models/common/model_chunk_schedule_plan.py`, TransformerLayerSchedulePlan):
 
     comm    | combine_bwd(b)   | dispatch_fwd(f)  dispatch_bwd(b)            | combine_fwd(f)
     compute | pre_dispatch(f)  | experts_dgrad(b) expert_wgrad(b) experts(f) | pre_dispatch_bwd(b) attn_wgrad(b)

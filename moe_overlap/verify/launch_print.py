@@ -45,7 +45,7 @@ def slurm_script(plan: Plan, *, gpus_per_node: int = 8) -> str:
         "set -euo pipefail",
         "# The rendezvous host is the first node of the allocation.",
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "export CUDA_DEVICE_MAX_CONNECTIONS=32  # the overlap needs >1 hardware queue (ANCHORS §1)",
+        "export CUDA_DEVICE_MAX_CONNECTIONS=32  # the overlap needs >1 hardware queue (Megatron-LM PR 6311)",
         f"mkdir -p {shlex.quote(str(plan.out))}",
         "# config.json (the effective VerifyConfig) and plan.json were written by:",
         f"#   moe-overlap verify --nproc {plan.nproc} --print-launch torchrun --out {shlex.quote(str(plan.out))}",
