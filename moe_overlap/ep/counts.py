@@ -151,22 +151,35 @@ def make_dispatch_plan(pplan: PermutePlan, send_E: list[int], recv_RL: list[list
     send_splits = tuple(sum(send_E[r * local:(r + 1) * local]) for r in range(world))
     recv_splits = tuple(sum(row) for row in recv_RL)
     per_expert = tuple(sum(recv_RL[s][j] for s in range(world)) for j in range(local))
-    # Offsets of the (source, local expert) blocks in arrival order; index math on the host (tiny).
-    offsets, acc = [[0] * local for _ in range(world)], 0
-    for s in range(world):
-        for j in range(local):
-            offsets[s][j] = acc
-            acc += recv_RL[s][j]
-    pieces = [torch.arange(offsets[s][j], offsets[s][j] + recv_RL[s][j])
-              for j in range(local) for s in range(world)]
-    sort_idx = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
-    unsort_idx = torch.empty_like(sort_idx)
-    unsort_idx[sort_idx] = torch.arange(sort_idx.numel())
+    # Index math on the host, a few vectorised ops on [R, L] (one arange per block cost ~1 ms at 128 blocks).
+    counts_SL = torch.tensor(recv_RL, dtype=torch.int64)
+    sort_idx = block_transpose_index(counts_SL)  # (source, expert) arrival order -> (expert, source)
+    unsort_idx = block_transpose_index(counts_SL.t())  # and back
     return DispatchPlan(
         permute=pplan, send_splits=send_splits, recv_splits=recv_splits,
         recv_counts_RL=tuple(tuple(r) for r in recv_RL), tokens_per_local_expert=per_expert,
         sort_idx_S=_to_device(sort_idx, device), unsort_idx_S=_to_device(unsort_idx, device),
     )
+
+
+def block_transpose_index(counts_AB: torch.Tensor, total: int | None = None) -> torch.Tensor:
+    """Gather index that regroups rows laid out in blocks (a, b) in a-major order into b-major order.
+
+    counts_AB[a, b] rows form block (a, b); the input holds blocks (0,0), (0,1), ..., (1,0), ...; the
+    output ``idx`` (int64, on the counts' device) puts block (0,0), (1,0), ..., (0,1), ... with
+    ``out = rows.index_select(0, idx)``. Built with a cumsum and one repeat_interleave, no per-block op.
+    ``total`` (the row count) is required for device counts: reading it from them would sync the host.
+    """
+    c_flat = counts_AB.reshape(-1)
+    src_AB = (torch.cumsum(c_flat, 0) - c_flat).view_as(counts_AB)
+    c_BA, src_BA = counts_AB.t().reshape(-1), src_AB.t().reshape(-1)
+    dst_BA = torch.cumsum(c_BA, 0) - c_BA
+    if total is None:
+        if counts_AB.is_cuda:
+            raise ValueError("block_transpose_index: pass total= for device counts (no host sync)")
+        total = int(c_flat.sum())
+    return torch.repeat_interleave(src_BA - dst_BA, c_BA, output_size=total) + \
+        torch.arange(total, device=counts_AB.device)
 
 
 def plan_for(pplan: PermutePlan, num_experts: int, group, *, counts_group=None) -> DispatchPlan:

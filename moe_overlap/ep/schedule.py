@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .all_to_all import all_to_all_async, group_size
-from .counts import exchange_counts, local_plan, make_dispatch_plan
+from .counts import block_transpose_index, exchange_counts, local_plan, make_dispatch_plan
 from .dispatcher import (
     combine,
     dispatch,
@@ -195,15 +195,7 @@ def merge_chunk_wgrad_inputs(inputs: list, counts_CL: list):
     device = cats[0].device
     on_device = isinstance(counts_CL[0], torch.Tensor)
     c_CL = torch.stack(list(counts_CL)) if on_device else torch.tensor(counts_CL, dtype=torch.int64)
-    rows_C = c_CL.sum(1)
-    # Source start of block (c, j) in the concatenation; destination start in expert-major order.
-    src_CL = (torch.cumsum(rows_C, 0) - rows_C).unsqueeze(1) + (torch.cumsum(c_CL, 1) - c_CL)
-    c_LC, src_LC = c_CL.t().reshape(-1), src_CL.t().reshape(-1)
-    dst_LC = torch.cumsum(c_LC, 0) - c_LC
-    total = cats[0].shape[0]
-    # idx[p] = src(block of p) + (p - dst(block of p)): repeat each block's shift over its rows.
-    idx = torch.repeat_interleave(src_LC - dst_LC, c_LC, output_size=total) + \
-        torch.arange(total, device=c_CL.device)
+    idx = block_transpose_index(c_CL, total=cats[0].shape[0])  # (chunk, expert) -> (expert, chunk)
     if not on_device:  # built on the host from host counts: a pinned, non-blocking copy (no host sync)
         idx = idx.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else idx.to(device)
     merged = tuple(t.index_select(0, idx) for t in cats)

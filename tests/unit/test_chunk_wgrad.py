@@ -52,3 +52,20 @@ def test_single_chunk_is_passed_through():
     inputs = [_chunk((1, 2), 4, 2, 0)]
     merged, counts = merge_chunk_wgrad_inputs(inputs, [(1, 2)])
     assert merged is inputs[0] and counts == (1, 2)
+
+
+def test_block_transpose_index_matches_a_python_regrouping():
+    from moe_overlap.ep.counts import block_transpose_index
+
+    counts = [[2, 0, 1], [3, 1, 0]]  # blocks (a, b) laid out a-major
+    rows, start = {}, 0
+    for a, row in enumerate(counts):
+        for b, n in enumerate(row):
+            rows[a, b] = list(range(start, start + n))
+            start += n
+    want = [i for b in range(3) for a in range(2) for i in rows[a, b]]
+    got = block_transpose_index(torch.tensor(counts)).tolist()
+    assert got == want
+    # and back: the b-major layout regrouped a-major is the inverse permutation
+    back = block_transpose_index(torch.tensor(counts).t()).tolist()
+    assert [got[i] for i in back] == list(range(start))
