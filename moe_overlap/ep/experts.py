@@ -176,21 +176,23 @@ def _check_inputs(x_SD, w1, w2, counts) -> None:
 
 
 # ------------------------------------------------------------ plain steps (schedules call these)
-def experts_forward(x_SD, w1, w2, counts):
-    """Returns (y_SD, h_S2F); keep (x_SD, h_S2F) for the backward."""
+def experts_forward(x_SD, w1, w2, counts, offs=None):
+    """Returns (y_SD, h_S2F); keep (x_SD, h_S2F) for the backward. ``offs``: the grouped-GEMM offsets
+    of ``counts`` when the caller already has them (built here otherwise)."""
     _check_inputs(x_SD, w1, w2, counts)
     x_SD = x_SD.contiguous()
     path = expert_path(x_SD, w1, w2)
-    offs = _offs_for(path, counts, x_SD.device)
+    offs = _offs_for(path, counts, x_SD.device) if offs is None or path != "grouped_mm" else offs
     h = _gmm(x_SD, w1, counts, path, offs)
     return _gmm(_swiglu(h), w2, counts, path, offs), h
 
 
-def experts_dgrad(dy_SD, x_SD, h_S2F, w1, w2, counts):
-    """Returns (dx_SD, wgrad_inputs); pass wgrad_inputs to :func:`experts_wgrad`."""
+def experts_dgrad(dy_SD, x_SD, h_S2F, w1, w2, counts, offs=None):
+    """Returns (dx_SD, wgrad_inputs); pass wgrad_inputs to :func:`experts_wgrad`. ``offs`` as in
+    :func:`experts_forward` (the forward's, reused: one offsets build per layer call)."""
     dy_SD = dy_SD.contiguous()
     path = expert_path(x_SD, w1, w2)
-    offs = _offs_for(path, counts, x_SD.device)
+    offs = _offs_for(path, counts, x_SD.device) if offs is None or path != "grouped_mm" else offs
     da = _gmm(dy_SD, w2.transpose(-2, -1), counts, path, offs)
     dh, a = _swiglu_backward(h_S2F, da)
     dx = _gmm(dh, w1.transpose(-2, -1), counts, path, offs)
@@ -221,16 +223,17 @@ def defer_or_return_wgrad(wgrad_inputs, w1, w2, counts, store: WgradStore | None
 class _ExpertsFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_SD, w1, w2, counts, store):
-        y, h = experts_forward(x_SD, w1, w2, counts)
+        offs = _offs_for(expert_path(x_SD, w1, w2), counts, x_SD.device)
+        y, h = experts_forward(x_SD, w1, w2, counts, offs)
         ctx.save_for_backward(x_SD, h)
-        ctx.meta = (counts, store, w1, w2)
+        ctx.meta = (counts, store, w1, w2, offs)
         return y
 
     @staticmethod
     def backward(ctx, dy_SD):
         x_SD, h = ctx.saved_tensors
-        counts, store, w1, w2 = ctx.meta
-        dx, wgrad_inputs = experts_dgrad(dy_SD, x_SD, h, w1.detach(), w2.detach(), counts)
+        counts, store, w1, w2, offs = ctx.meta
+        dx, wgrad_inputs = experts_dgrad(dy_SD, x_SD, h, w1.detach(), w2.detach(), counts, offs)
         dw1, dw2 = defer_or_return_wgrad(wgrad_inputs, w1, w2, counts, store)
         return dx, dw1, dw2, None, None
 
