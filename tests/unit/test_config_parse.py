@@ -94,7 +94,7 @@ def test_unknown_keys_kept_with_did_you_mean():
     notes = _notes(cfg)
     assert "did you mean 'expert_model_parallel_size'" in notes[("unknown-key", "model.expert_model_paralel_size")]
     assert ("unknown-key", "model.moe_router_topk") in notes
-    assert "belongs in comm_overlap" in notes[("unknown-key", "model.overlap_grad_reduce")]
+    assert "belongs in comm_overlap" in notes[("wrong-section", "model.overlap_grad_reduce")]
     assert "did you mean 'model'" in notes[("unknown-key", "modle")]
     assert ("unknown-key", "optimizer") not in notes  # a known Bridge section: kept quietly
     assert cfg.model.model_extra["moe_router_topk"] == 8  # kept

@@ -1,5 +1,6 @@
 """One violating and one passing config per rule, parametrized from the rule table; unknown versions warn."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -57,10 +58,52 @@ CASES: dict[str, tuple[list[str], list[str], dict, str | None]] = {
                                  [DW, "model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]",
                                   "model.gradient_accumulation_fusion=true", "model.add_bias_linear=false"],
                                  {}, "0.17.0"),
-    "wgrad-cuda-graph-te-2-10": ([DW, "model.cuda_graph_impl=transformer_engine"],
-                                [DW, "model.cuda_graph_impl=transformer_engine"],
-                                {"te_version": "2.9.0", "_good": {"te_version": "2.10.0"}}, "0.16.1"),
-    "wgrad-no-legacy-grouped-gemm": ([DW, "model.moe_use_legacy_grouped_gemm=true"], [DW], {}, None),
+    "wgrad-cuda-graph-te-2-10": ([DW, "model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[moe_router]"],
+                                [DW, "model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[moe_router]"],
+                                {"te_version": "2.9.0", "_good": {"te_version": "2.10.0"}}, "0.19.2"),
+    "wgrad-no-legacy-grouped-gemm": ([DW, "model.moe_use_legacy_grouped_gemm=true"], [DW], {}, "0.16.1"),
+    "cuda-graph-whole-layer": (["model.cuda_graph_impl=transformer_engine"],
+                               ["model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]"], {},
+                               "0.19.2"),
+    "early-attn-release-needs-overlap": (["comm_overlap.overlap_moe_expert_parallel_comm=false",
+                                          "model.ep_overlap_early_attn_memory_release=true"],
+                                         ["model.ep_overlap_early_attn_memory_release=true"], {}, "0.17.1"),
+    "fsdp-no-double-buffer": (["ddp.use_megatron_fsdp=true", "ddp.fsdp_double_buffer=true"],
+                              ["ddp.use_megatron_fsdp=true"], {}, "0.18.2"),
+    "fsdp-no-per-layer-cuda-graphs": (["ddp.use_megatron_fsdp=true", "model.cuda_graph_impl=local"],
+                                      ["ddp.use_megatron_fsdp=true", "model.cuda_graph_impl=full_iteration"], {},
+                                      "0.19.2"),
+    "wgrad-overlap-grad-reduce-te-2-8": ([DW, "ddp.overlap_grad_reduce=true"], [DW, "ddp.overlap_grad_reduce=true"],
+                                         {"te_version": "2.7.0", "_good": {"te_version": "2.8.0"}}, "0.17.1"),
+    "wgrad-no-grad-accum-fusion-te-2-7": ([DW, "model.gradient_accumulation_fusion=false"],
+                                          [DW, "model.gradient_accumulation_fusion=false"],
+                                          {"te_version": "2.6.0", "_good": {"te_version": "2.7.0"}}, None),
+    "wgrad-needs-te-layers": ([DW, "model.transformer_impl=local"], [DW, "model.transformer_impl=transformer_engine"],
+                              {}, None),
+    "wgrad-te-min-2-3": ([DW], [DW], {"te_version": "2.2.0", "_good": {"te_version": "2.3.0"}}, None),
+    "dispatch-wgrad-excludes-ep-overlap": (["model.overlap_dispatch_backward_with_experts_wgrad=true"],
+                                           ["comm_overlap.overlap_moe_expert_parallel_comm=false",
+                                            "model.overlap_dispatch_backward_with_experts_wgrad=true"], {}, "0.18.2"),
+    "dispatch-wgrad-te-2-3": (["comm_overlap.overlap_moe_expert_parallel_comm=false",
+                               "model.overlap_dispatch_backward_with_experts_wgrad=true"],
+                              ["comm_overlap.overlap_moe_expert_parallel_comm=false",
+                               "model.overlap_dispatch_backward_with_experts_wgrad=true"],
+                              {"te_version": "2.2.0", "_good": {"te_version": "2.3.0"}}, "0.19.2"),
+    "dispatch-wgrad-excludes-delayed-wgrad": (["model.overlap_dispatch_backward_with_experts_wgrad=true", DW],
+                                              ["model.overlap_dispatch_backward_with_experts_wgrad=true"], {},
+                                              "0.18.2"),
+    "deepep-flag-needs-flex": (["model.moe_enable_deepep=true"],
+                               ["model.moe_enable_deepep=true", "model.moe_token_dispatcher_type=flex"], {}, None),
+    "deepep-flag-excludes-hybridep": (["model.moe_enable_deepep=true", "model.moe_token_dispatcher_type=flex",
+                                       "model.moe_flex_dispatcher_backend=hybridep"],
+                                      ["model.moe_enable_deepep=true", "model.moe_token_dispatcher_type=flex"], {},
+                                      "0.18.2"),
+    "ncclep-needs-flex": (["model.moe_flex_dispatcher_backend=ncclep"],
+                          ["model.moe_flex_dispatcher_backend=ncclep", "model.moe_token_dispatcher_type=flex"], {},
+                          "0.19.2"),
+    "ncclep-needs-core-0-19": (["model.moe_flex_dispatcher_backend=ncclep", "model.moe_token_dispatcher_type=flex"],
+                               ["model.moe_flex_dispatcher_backend=deepep", "model.moe_token_dispatcher_type=flex"],
+                               {}, "0.18.2"),
     "wgrad-not-in-first-rollout": ([DW], [], {}, None),
     "flex-backend-needs-flex-dispatcher": (["model.moe_flex_dispatcher_backend=deepep"],
                                            ["model.moe_flex_dispatcher_backend=deepep",
@@ -131,7 +174,11 @@ def test_rule_tables_are_well_formed():
     for rule in all_rules():
         assert rule.severity in ("error", "warning")
         assert rule.reads and rule.message and rule.fix and rule.source
-        assert rule.core is not None or rule.bridge or rule.severity == "warning", rule.id
+        # An error is enforced by someone upstream; advice is a warning.
+        assert rule.core is not None or rule.runtime is not None or rule.bridge or rule.severity == "warning", rule.id
+        # The source names an upstream file and line (or, for advice, where the advice comes from).
+        if rule.severity == "error":
+            assert re.search(r"\.py:\d+", rule.source), rule.id
 
 
 @pytest.mark.parametrize("rule_id,overrides,missing", [
@@ -177,9 +224,32 @@ def test_rule_set_reports_core_and_bridge_rules():
     assert rs.name == "megatron-core 0.16" and rs.selected_by == "given"
     assert "torch-min-2-6" in rs.core_rules and "num-experts-gt-1" in rs.bridge_rules
     assert "no-moe-recompute-module" in rs.bridge_rules  # Core checks it only from 0.17
-    newer = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", detect=False, megatron_core_version="0.25.0",
+    assert "cuda-graph-whole-layer" in rs.runtime_rules and "single-micro-batch" in rs.advice_rules
+    later = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", detect=False, megatron_core_version="0.17.1",
                             torch_version="2.6.0", env={}).rule_set
-    assert newer.name == "megatron-core 0.19" and "newer than the newest" in newer.note
+    assert "no-moe-recompute-module" in later.core_rules
+
+
+@pytest.mark.parametrize("version,line,word", [("0.25.0", "0.19", "newer than the newest"),
+                                               ("0.15", "0.16", "older than the oldest"),
+                                               ("0.14.2", "0.16", "older than the oldest")])
+def test_release_outside_the_known_range_warns(version, line, word):
+    result = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", detect=False, megatron_core_version=version,
+                             torch_version="2.6.0", env={})
+    assert result.rule_set.name == f"megatron-core {line}" and word in result.rule_set.note
+    (hit,) = [f for f in result.findings if f.rule == "rule-set:outside-known-releases"]
+    assert hit.severity == "warning" and f"rules of {line}" in hit.message and version in hit.message
+
+
+def test_default_rule_set_is_stated(monkeypatch):
+    from moe_overlap.skill.rules import versions
+
+    monkeypatch.setattr(versions, "installed_version", lambda dist: None)
+    result = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", detect=False, torch_version="2.6.0", env={})
+    assert result.rule_set.selected_by == "default" and result.rule_set.name == "megatron-core 0.19"
+    (hit,) = [f for f in result.findings if f.rule == "rule-set:default"]
+    assert hit.severity == "info" and "0.19" in hit.message and "not installed" in hit.message
+    assert result.valid
 
 
 @pytest.mark.parametrize("name", ["ep-overlap-alltoall.yaml", "ep-overlap-minimal.yaml", "ep-overlap-flex-deepep.yaml"])

@@ -18,7 +18,7 @@ VERSION = r"^[0-9]+(\.[0-9]+){0,2}$"
 
 Confidence = Literal["low", "medium", "high"]
 Severity = Literal["error", "warning"]
-Checker = Literal["megatron-core", "megatron-bridge", "moe-overlap"]
+Checker = Literal["megatron-core", "megatron-lm", "megatron-bridge", "moe-overlap"]
 ConstraintFamily = Literal[
     "parallelism", "dispatcher", "precision", "versions", "pipeline", "recompute", "shared-expert", "mtp",
     "cuda-graph", "offloading", "delayed-wgrad", "flex", "runtime",
@@ -142,6 +142,9 @@ class Constraint(_Strict):
     message: str
     fix: str
     source: list[str] = Field(min_length=1, description="evidence ids of this card")
+    releases: str | None = Field(default=None, description=(
+        "megatron-core release lines the rule holds for, e.g. 0.16-0.19 (the validator's rule set)"))
+    upstream: str | None = Field(default=None, description="where upstream enforces it: file:line per release")
     notes: str | None = None
 
 

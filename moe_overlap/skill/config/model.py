@@ -53,7 +53,8 @@ class ModelSection(_Section):
     moe_shared_expert_overlap: bool = False
     moe_shared_expert_intermediate_size: int | None = Field(None, ge=1)
     mtp_num_layers: int | None = Field(None, ge=0)
-    cuda_graph_impl: Literal["none", "local", "transformer_engine"] = "none"
+    cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = Field(
+        "none", description="full_iteration: megatron-core >= 0.18")
     cuda_graph_scope: list[str] | None = Field(
         None, description="megatron-core <= 0.17 name; `cuda_graph_modules` from 0.18 (both accepted)")
     fine_grained_activation_offloading: bool = False
@@ -64,6 +65,11 @@ class ModelSection(_Section):
         None, description="None: not set (Bridge and Megatron-LM turn it on when TE is present)")
     add_bias_linear: bool = True
     add_qkv_bias: bool = False
+    transformer_impl: Literal["transformer_engine", "local", "inference_optimized"] | None = Field(
+        None, description="None: not set (Megatron-LM and Bridge default to transformer_engine)")
+    ep_overlap_early_attn_memory_release: bool = Field(False, description="needs the EP overlap")
+    overlap_dispatch_backward_with_experts_wgrad: bool = Field(
+        False, description="megatron-core >= 0.18: an alternative to EP overlap, excludes it")
 
     @field_validator("cuda_graph_scope", "recompute_modules", "offload_modules", mode="before")
     @classmethod
@@ -89,6 +95,8 @@ class DdpSection(_Section):
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     use_distributed_optimizer: bool = False
+    use_megatron_fsdp: bool = False
+    fsdp_double_buffer: bool = False
 
 
 class TrainSection(_Section):
@@ -101,7 +109,7 @@ class TrainSection(_Section):
 class ConfigNote(BaseModel):
     """Something the parser did or noticed (unknown key, renamed field, derived value): reported as info."""
 
-    kind: Literal["unknown-key", "renamed-field", "derived-value"]
+    kind: Literal["unknown-key", "renamed-field", "derived-value", "wrong-section"]
     path: str
     message: str
 
@@ -185,13 +193,27 @@ def _normalise(raw: Mapping[Any, Any], notes: list[ConfigNote]) -> dict[str, Any
                 notes.append(ConfigNote(kind="renamed-field", path=f"model.{key}", message=(
                     f"model.{key} (megatron-core >= 0.18 name) read as model.{new} (<= 0.17 name); "
                     "both are accepted")))
+            elif key not in model.model_fields and (other := _section_of(key)) is not None:
+                _misplaced(out, section, other, key, notes)
             elif key not in model.model_fields:
-                other = _section_of(key)
-                hint = (f" (it belongs in {other}:)" if other and other != section
-                        else _did_you_mean(key, list(model.model_fields)))
+                hint = _did_you_mean(key, list(model.model_fields))
                 notes.append(ConfigNote(kind="unknown-key", path=f"{section}.{key}",
                                         message=f"unknown key {section}.{key} kept, not read{hint}"))
     return out
+
+
+def _misplaced(out: dict[str, Any], section: str, other: str, key: str, notes: list[ConfigNote]) -> None:
+    """A known field under the wrong section: Bridge would not read it there (a checker that ignored it would
+    miss what it was meant to say), so it is read from its own section unless set there too, and reported."""
+    target = out.setdefault(other, {})
+    if not isinstance(target, dict):
+        target = {}
+    read = key not in target
+    if read:
+        target[key] = out[section][key]
+    notes.append(ConfigNote(kind="wrong-section", path=f"{section}.{key}", message=(
+        f"{section}.{key} belongs in {other}: Megatron-Bridge does not read it under {section}:; "
+        + (f"read here as {other}.{key}" if read else f"{other}.{key} is also set and wins") + "; move it")))
 
 
 def _apply_override(data: dict[str, Any], item: str) -> None:
@@ -290,6 +312,9 @@ def effective_values(cfg: OverlapConfig) -> tuple[dict[str, Any], dict[str, str]
         override = getattr(cfg.comm_overlap, name)
         values[name] = override if override is not None else getattr(cfg.ddp, name)
         paths[name] = f"comm_overlap.{name}" if override is not None else f"ddp.{name}"
+    for name in ("use_megatron_fsdp", "fsdp_double_buffer"):
+        values[name] = getattr(cfg.ddp, name)
+        paths[name] = f"ddp.{name}"
     mp = cfg.mixed_precision
     if isinstance(mp, str) and not (values["bf16"] or values["fp16"]):
         values["bf16"] = values["bf16"] or "bf16" in mp

@@ -195,8 +195,9 @@ def _flex(req: GenerateRequest, out: Resolved) -> None:
     elif not wanted and pick != BACKENDS[0]:
         out.notes.append(f"flex backend {pick}: {BACKENDS[0]} does not support GPU {req.gpu}")
     elif support[pick] is None:
-        out.notes.append(f"flex backend {pick}: GPU support not checked (give --gpu NAME); Megatron-Bridge checks "
-                         "it at start-up and falls back to alltoall on an unsupported GPU")
+        out.notes.append(f"flex backend {pick}: GPU support not checked (give --gpu NAME); on an unsupported GPU "
+                         "Megatron-Bridge's config validation raises ValueError (apply_flex_dispatcher_backend "
+                         "falls back to alltoall instead)")
     out.backend = pick
     if req.plan and req.dispatcher == "flex" and "flex" in out.stages:
         out.stages.remove("flex")

@@ -15,14 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from moe_overlap.skill.rules.environment import Environment
-from moe_overlap.skill.rules.versions import at_least
+from moe_overlap.skill.rules.versions import KNOWN_CORE_RELEASES, at_least
 
 Severity = Literal["error", "warning", "info"]
 Release = tuple[int, int]
 
-CORE_SRC = "Megatron-Core megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__"
-BRIDGE_SRC = "Megatron-Bridge src/megatron/bridge/training/comm_overlap.py, CommOverlapConfig"
-FLEX_SRC = "Megatron-Bridge src/megatron/bridge/training/flex_dispatcher_backend.py"
+ALL: tuple[Release, Release] = ((0, 0), (99, 99))
 
 
 @dataclass(frozen=True)
@@ -59,8 +57,10 @@ Check = Callable[[Ctx], "dict[str, Any] | Unchecked | None"]
 @dataclass(frozen=True)
 class Rule:
     """One constraint. `holds` is the Megatron-Core release range the rule is part of the rule set for;
-    `core` the range in which Core's own TransformerConfig enforces it (None: never, a Bridge/advice rule);
-    `bridge` whether Megatron-Bridge enforces it (it runs before Core, so it may be stricter)."""
+    `core` the range in which Core's own TransformerConfig enforces it (None: never);
+    `runtime` the range in which Megatron-Core or Megatron-LM enforce it outside TransformerConfig (at model
+    build, at the first step, or in Megatron-LM's argument checks); `bridge` whether Megatron-Bridge enforces
+    it (it runs before Core, so it may be stricter). A rule none of them enforce is advice (a warning)."""
 
     id: str
     severity: Severity
@@ -69,9 +69,10 @@ class Rule:
     message: str  # str.format template over the config values and the check's dict
     fix: str
     source: str
-    holds: tuple[Release, Release] = ((0, 0), (99, 99))
+    holds: tuple[Release, Release] = ALL
     core: tuple[Release, Release] | None = None
     bridge: bool = False
+    runtime: tuple[Release, Release] | None = None
     extra_keys: tuple[str, ...] = field(default=())
 
     def applies_to(self, line: Release) -> bool:
@@ -79,6 +80,22 @@ class Rule:
 
     def core_checked(self, line: Release) -> bool:
         return self.core is not None and self.core[0] <= line <= self.core[1]
+
+    def runtime_checked(self, line: Release) -> bool:
+        return self.runtime is not None and self.runtime[0] <= line <= self.runtime[1]
+
+    def kind(self, line: Release) -> str:
+        """Who enforces it in this release: core (TransformerConfig), runtime, bridge, or advice."""
+        if self.core_checked(line):
+            return "core"
+        if self.runtime_checked(line):
+            return "runtime"
+        return "bridge" if self.bridge else "advice"
+
+    def releases(self) -> str:
+        """The known release lines the rule holds for, e.g. '0.16-0.19' or '0.18-0.19' (the card's `releases`)."""
+        lines = [f"{a}.{b}" for a, b in KNOWN_CORE_RELEASES if self.applies_to((a, b))]
+        return lines[0] if len(lines) == 1 else f"{lines[0]}-{lines[-1]}"
 
     def path(self, ctx: Ctx) -> str:
         """The config path a user edits to fix it: the first key it reads."""

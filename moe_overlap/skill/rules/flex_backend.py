@@ -1,6 +1,8 @@
-"""Turning on the flex token dispatcher (DeepEP / HybridEP) the way Megatron-Bridge's
+"""Turning on the flex token dispatcher (DeepEP / HybridEP / NCCL EP) the way Megatron-Bridge's
 ``apply_flex_dispatcher_backend`` does: dispatcher type flex, the backend, shared-expert overlap off;
-on a GPU the backend does not support, fall back to alltoall with a note.
+on a GPU the backend does not support, fall back to alltoall with a note (megatron-bridge 0.6.2
+src/megatron/bridge/training/flex_dispatcher_backend.py:33-99). Bridge's config validation
+(validate_flex_dispatcher_backend, same file :102-126) raises ValueError instead when type flex was set by hand.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from typing import Any
 
 from moe_overlap.skill.rules.environment import parse_gpu
 
-BACKENDS = ("deepep", "hybridep")
+BACKENDS = ("deepep", "hybridep")  # what generate picks from; ncclep (0.19+) only on request
 
 
 def backend_supported(backend: str, gpu_name: str | None, capability: str | None) -> bool | None:
     """Bridge's GPU gate. None when it cannot be decided from what is known.
 
     DeepEP: compute capability 8.x or 9.x, or a B200/B300 by name. HybridEP: 8.x, 9.x or 10.x.
+    NCCL EP (ncclep, megatron-core >= 0.19): 9.x or 10.x.
     """
     if capability is None:
         return None
@@ -31,6 +34,8 @@ def backend_supported(backend: str, gpu_name: str | None, capability: str | None
         return None if major == 10 else False
     if backend == "hybridep":
         return major in (8, 9, 10)
+    if backend == "ncclep":
+        return major in (9, 10)
     return None
 
 
@@ -59,8 +64,9 @@ def apply_flex_dispatcher_backend(config: dict[str, Any], backend: str | None,
     model["moe_flex_dispatcher_backend"] = backend
     model["moe_shared_expert_overlap"] = False
     if gpu is None:
-        notes.append(f"GPU not given: {backend} support not checked (Bridge checks the GPU at start-up and "
-                     "falls back to alltoall on an unsupported one)")
+        notes.append(f"GPU not given: {backend} support not checked. On the training node Bridge's "
+                     "apply_flex_dispatcher_backend falls back to alltoall on an unsupported GPU, while a config "
+                     "that sets moe_token_dispatcher_type: flex itself fails Bridge's validation (ValueError)")
     elif supported is None:
         notes.append(f"cannot tell whether {backend} supports GPU {gpu}: give the full name (e.g. B200, GB200)")
     return new, notes

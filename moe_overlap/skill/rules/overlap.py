@@ -1,12 +1,17 @@
-"""Rules of EP communication overlap itself (`overlap_moe_expert_parallel_comm`): ANCHORS section 1, items 1-14,
-the release-specific MTP rule, and the warnings a careful engineer adds."""
+"""Rules of EP communication overlap itself (`overlap_moe_expert_parallel_comm`): the TransformerConfig checks of
+every known megatron-core release, Megatron-Bridge's CommOverlapConfig checks, the asserts Core raises later
+(at model build or the first step) that a config check can catch, and the warnings a careful engineer adds.
+Each rule's source names the upstream file and line per release (sources.py)."""
 
 from __future__ import annotations
 
-from moe_overlap.skill.rules.base import BRIDGE_SRC, CORE_SRC, Ctx, Rule, Unchecked, needs_version
+from moe_overlap.skill.rules import sources as src
+from moe_overlap.skill.rules.base import ALL, Ctx, Rule, Unchecked, needs_version
 
-ALL = ((0, 0), (99, 99))
 OV = "overlap_moe_expert_parallel_comm"
+FROM_17 = ((0, 17), (99, 99))
+FROM_18 = ((0, 18), (99, 99))
+FROM_19 = ((0, 19), (99, 99))
 
 
 def _ep(c: Ctx):
@@ -75,9 +80,32 @@ def _cuda_graph(c: Ctx):
     if not c.overlap or impl == "none":
         return None
     if impl != "transformer_engine":
-        return {"why": "only cuda_graph_impl=transformer_engine is supported with EP overlap"}
+        # Up to 0.17 every graph implementation but TE's is refused; from 0.18 only TE graphs are checked.
+        if c.core < (0, 18):
+            return {"why": f"megatron-core {c.core[0]}.{c.core[1]} supports only cuda_graph_impl=transformer_engine "
+                           "with EP overlap"}
+        return None
     bad = [s for s in scope if s in ("moe", "mlp")]
     return {"why": f"scope includes {', '.join(bad)}"} if bad else None
+
+
+def _whole_layer_graph(c: Ctx):
+    scope = [s for s in (c["cuda_graph_scope"] or []) if s != "full"]
+    # An unset or empty scope ("full") captures the whole layer, MoE included.
+    return {} if c.overlap and c["cuda_graph_impl"] == "transformer_engine" and not scope else None
+
+
+def _early_release(c: Ctx):
+    return {} if c["ep_overlap_early_attn_memory_release"] and not c.overlap else None
+
+
+def _fsdp_double_buffer(c: Ctx):
+    return {} if c.overlap and c["use_megatron_fsdp"] and c["fsdp_double_buffer"] else None
+
+
+def _fsdp_graphs(c: Ctx):
+    bad = c.overlap and c["use_megatron_fsdp"] and c["cuda_graph_impl"] not in ("none", "full_iteration")
+    return {} if bad else None
 
 
 def _ncclep(c: Ctx):
@@ -108,71 +136,97 @@ RULES: tuple[Rule, ...] = (
     Rule("ep-size-gt-1", "error", ("expert_model_parallel_size", OV), _ep,
          "EP overlap needs expert parallelism, but expert_model_parallel_size={expert_model_parallel_size}",
          "set model.expert_model_parallel_size > 1, or turn comm_overlap.overlap_moe_expert_parallel_comm off",
-         CORE_SRC, core=ALL, bridge=True),
+         src.both("ep", "ep"), core=ALL, bridge=True),
     Rule("num-experts-gt-1", "error", ("num_moe_experts", OV), _experts,
          "EP overlap needs an MoE model with more than one expert, but num_moe_experts={num_moe_experts}",
          "set model.num_moe_experts > 1 (a dense model has no expert all-to-all to overlap)",
-         BRIDGE_SRC, bridge=True),
+         src.bridge("experts"), bridge=True),
     Rule("dispatcher-alltoall-or-flex", "error", ("moe_token_dispatcher_type", OV), _dispatcher,
          "EP overlap needs the alltoall or flex token dispatcher, but moe_token_dispatcher_type="
          "{moe_token_dispatcher_type}", "set model.moe_token_dispatcher_type: alltoall (or flex with DeepEP/HybridEP)",
-         CORE_SRC, core=ALL, bridge=True),
+         src.both("dispatcher", "dispatcher"), core=ALL, bridge=True),
     Rule("precision-bf16-or-fp16", "error", ("bf16", "fp16", OV), _precision,
          "EP overlap needs a bf16 or fp16 model, but bf16={bf16} and fp16={fp16}",
-         "set model.bf16: true (or mixed_precision: bf16_mixed)", CORE_SRC, core=ALL, bridge=True),
+         "set model.bf16: true (or mixed_precision: bf16_mixed)", src.both("precision", "precision"),
+         core=ALL, bridge=True),
     Rule("torch-min-2-6", "error", ("environment.torch_version", OV), _torch,
          "EP overlap hangs with torch < 2.6.0, and torch is {torch_version}",
-         "upgrade torch to >= 2.6.0", CORE_SRC, core=ALL, bridge=True),
+         "upgrade torch to >= 2.6.0", src.both("torch", "torch"), core=ALL, bridge=True),
     Rule("pp-requires-vpp", "error", ("virtual_pipeline_model_parallel_size", "pipeline_model_parallel_size", OV),
          _vpp, "with pipeline_model_parallel_size={pipeline_model_parallel_size} > 1, EP overlap needs the "
          "interleaved schedule, but virtual_pipeline_model_parallel_size is not set",
          "set model.virtual_pipeline_model_parallel_size (>= 2 and dividing the layers per stage)",
-         CORE_SRC, core=ALL, bridge=True),
+         src.both("vpp", "vpp"), core=ALL, bridge=True),
     Rule("no-full-recompute", "error", ("recompute_granularity", OV), _full_recompute,
-         "EP overlap cannot run with full recomputation (recompute_granularity=full)",
-         "use recompute_granularity: selective with modules other than moe, or unset it",
-         CORE_SRC, core=ALL, bridge=True),
+         "EP overlap cannot run with full recomputation (recompute_granularity=full) in any megatron-core "
+         "release up to 0.19.2", "use recompute_granularity: selective with modules other than moe, or unset it "
+         "(Megatron-LM's dev branch, PR 6311, adds per-layer full recompute under the overlap; no release has it)",
+         src.both("full-recompute", "full-recompute"), core=ALL, bridge=True),
     Rule("no-recompute-method", "error", ("recompute_method", OV), _recompute_method,
          "EP overlap needs recompute_method unset, got {recompute_method}", "remove model.recompute_method",
-         CORE_SRC, core=ALL, bridge=True),
+         src.both("recompute-method", "recompute-method"), core=ALL, bridge=True),
     Rule("no-recompute-num-layers", "error", ("recompute_num_layers", OV), _recompute_layers,
          "EP overlap needs recompute_num_layers unset, got {recompute_num_layers}",
-         "remove model.recompute_num_layers", CORE_SRC, core=ALL, bridge=True),
+         "remove model.recompute_num_layers", src.both("recompute-layers", "recompute-layers"), core=ALL, bridge=True),
     Rule("no-moe-recompute-module", "error", ("recompute_modules", OV), _moe_recompute,
          "EP overlap cannot recompute the MoE module, but recompute_modules={recompute_modules} includes moe",
          "drop moe from model.recompute_modules (moe_act or layernorm recompute are fine)",
-         CORE_SRC + " (from 0.17); Megatron-Bridge EP-overlap skill", core=((0, 17), (99, 99)), bridge=True),
+         src.both("moe-recompute", "moe-recompute"), core=FROM_17, bridge=True),
     Rule("no-shared-expert-overlap", "error", ("moe_shared_expert_overlap", OV), _shared_overlap,
          "EP overlap and moe_shared_expert_overlap exclude each other, and moe_shared_expert_overlap is true",
          "set model.moe_shared_expert_overlap: false (EP overlap already hides the shared expert)",
-         CORE_SRC, core=ALL, bridge=True),
+         src.both("shared-overlap", "shared-overlap"), core=ALL, bridge=True),
     Rule("mtp-layers-limit", "error", ("mtp_num_layers", OV), _mtp_limit,
          "EP overlap supports at most one MTP layer (mtp_num_layers {allowed}), got {mtp_num_layers}",
-         "set model.mtp_num_layers: 1, or unset it", CORE_SRC, core=ALL, bridge=True),
+         "set model.mtp_num_layers: 1, or unset it",
+         f"{src.core('mtp-1')}; {src.core('mtp-0-1')}; {src.bridge('mtp')}", core=ALL, bridge=True),
     Rule("mtp-requires-pp", "error", ("pipeline_model_parallel_size", "mtp_num_layers", OV), _mtp_pp,
          "with an MTP layer, EP overlap needs pipeline_model_parallel_size > 1 (megatron-core <= 0.17), got "
          "{pipeline_model_parallel_size}", "use pipeline parallelism (with VPP), drop the MTP layer, or move "
-         "to megatron-core >= 0.18", CORE_SRC, holds=((0, 16), (0, 17)), core=((0, 16), (0, 17))),
+         "to megatron-core >= 0.18", src.core("mtp-pp"), holds=((0, 16), (0, 17)), core=((0, 16), (0, 17))),
     Rule("cuda-graph-scope-excludes-moe", "error", ("cuda_graph_scope", "cuda_graph_impl", OV), _cuda_graph,
          "CUDA graphs with EP overlap: {why} (cuda_graph_impl={cuda_graph_impl}, scope={cuda_graph_scope})",
-         "use cuda_graph_impl: transformer_engine with a scope of attn and/or moe_router only, or turn graphs off",
-         CORE_SRC, core=ALL),
+         "with cuda_graph_impl: transformer_engine keep moe and mlp out of the scope (attn, moe_router, "
+         "moe_preprocess); on megatron-core <= 0.17 use transformer_engine graphs or none",
+         src.core("graph-scope"), core=ALL),
+    Rule("cuda-graph-whole-layer", "error", ("cuda_graph_scope", "cuda_graph_impl", OV), _whole_layer_graph,
+         "a Transformer Engine CUDA graph over the whole layer (cuda_graph_scope {cuda_graph_scope}) captures the "
+         "MoE part, which EP overlap must run outside the graph: TransformerConfig accepts it, the first step "
+         "asserts 'EP overlap must be disabled when CUDA graph captures the whole MLP/MoE part'",
+         "name the graphed parts: cuda_graph_scope: [attn, moe_router, moe_preprocess] (cuda_graph_modules from "
+         "megatron-core 0.18), or turn CUDA graphs off", src.core("graph-whole-layer"), runtime=ALL),
     Rule("ncclep-no-fc1-offload", "error", ("offload_modules", "moe_flex_dispatcher_backend", OV), _ncclep,
          "the ncclep flex backend cannot offload expert_fc1 activations under EP overlap",
          "remove expert_fc1 from model.offload_modules, or use deepep/hybridep",
-         CORE_SRC, holds=((0, 19), (99, 99)), core=((0, 19), (99, 99))),
+         src.core("ncclep-offload"), holds=FROM_19, core=FROM_19),
+    Rule("early-attn-release-needs-overlap", "error", ("ep_overlap_early_attn_memory_release", OV), _early_release,
+         "ep_overlap_early_attn_memory_release only works with overlap_moe_expert_parallel_comm, which is off",
+         "turn comm_overlap.overlap_moe_expert_parallel_comm on, or ep_overlap_early_attn_memory_release off",
+         src.core("early-release"), core=ALL),
+    Rule("fsdp-no-double-buffer", "error", ("fsdp_double_buffer", "use_megatron_fsdp", OV), _fsdp_double_buffer,
+         "EP overlap with Megatron-FSDP does not support the FSDP double buffer (fsdp_double_buffer=true): "
+         "asserted when the model is wrapped", "set ddp.fsdp_double_buffer: false",
+         src.core("fsdp-double-buffer"), holds=FROM_18, runtime=FROM_18),
+    Rule("fsdp-no-per-layer-cuda-graphs", "error", ("cuda_graph_impl", "use_megatron_fsdp", OV), _fsdp_graphs,
+         "EP overlap with Megatron-FSDP does not support per-layer CUDA graphs (cuda_graph_impl="
+         "{cuda_graph_impl}): asserted when the model is wrapped",
+         "use cuda_graph_impl: full_iteration or none with Megatron-FSDP",
+         src.core("fsdp-graphs"), holds=FROM_18, runtime=FROM_18),
     Rule("cuda-device-max-connections", "warning", ("environment.cuda_device_max_connections", OV), _max_connections,
          "CUDA_DEVICE_MAX_CONNECTIONS=1 serialises the compute and communication streams, so EP overlap gains "
          "little (one public run: +3.7% at 1 vs +7.8% at 32)",
-         "unset CUDA_DEVICE_MAX_CONNECTIONS or set it > 1 (e.g. 32) unless TP/CP overlap needs 1",
-         "Megatron-LM PR 6311; Megatron-Core MoE README"),
+         "set CUDA_DEVICE_MAX_CONNECTIONS > 1 in the launcher's environment (Megatron-Bridge's DeepEP/HybridEP "
+         "recipes use 32); it only counts when set before CUDA initialises, not from inside the training script. "
+         "TP/CP comm overlap before Blackwell wants 1: measure both",
+         "Megatron-LM PR 6311; megatron-core 0.19.2 megatron/training/arguments.py:1426-1435; megatron-bridge 0.6.2 "
+         "src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py:88-99"),
     Rule("ep-divides-experts", "warning", ("num_moe_experts", "expert_model_parallel_size"), _divides,
          "expert_model_parallel_size={expert_model_parallel_size} does not divide num_moe_experts="
          "{num_moe_experts}; every EP rank must hold the same number of experts",
-         "pick an EP size that divides the expert count", "Megatron-Core moe/moe_layer.py (local experts)"),
+         "pick an EP size that divides the expert count", src.core("experts-divisible")),
     Rule("single-micro-batch", "warning", ("global_batch_size", "micro_batch_size", OV), _micro_batches,
          "only {n} micro-batch per data-parallel rank: EP overlap pairs the forward of one micro-batch with the "
          "backward of another, so there is nothing to overlap",
          "use at least 2 micro-batches (global_batch_size >= 2 x micro_batch_size x data-parallel size)",
-         "Megatron-Core pipeline_parallel/combined_1f1b.py (1F1B A2A overlap schedule)"),
+         src.core("schedule-plan")),
 )

@@ -30,8 +30,11 @@ class RuleSet(BaseModel):
     selected_by: Literal["given", "installed", "default"]
     note: str | None = None
     core_rules: list[str] = Field(description="rules Megatron-Core's TransformerConfig checks in this release")
+    runtime_rules: list[str] = Field(default_factory=list, description=(
+        "rules Megatron-Core or Megatron-LM enforce outside TransformerConfig in this release (model build, "
+        "first step, Megatron-LM argument checks)"))
     bridge_rules: list[str] = Field(description="rules added from Megatron-Bridge's checks (run before Core)")
-    advice_rules: list[str] = Field(description="warnings neither library raises")
+    advice_rules: list[str] = Field(description="warnings no library raises")
 
 
 class ValidationResult(BaseModel):
@@ -61,6 +64,39 @@ def _run(rule: Rule, ctx: Ctx) -> Finding | None:
     shown = {k: _show(v) for k, v in ctx.values.items()} | {k: _show(v) for k, v in outcome.items()}
     return Finding(rule=rule.id, severity=rule.severity, path=rule.path(ctx), message=rule.message.format(**shown),
                    fix=rule.fix, source=rule.source)
+
+
+# Fields (or values) that exist only in some releases: (first, last) release line, None = open.
+_RELEASE_FIELDS: dict[tuple[str, object], tuple[tuple[int, int] | None, tuple[int, int] | None]] = {
+    ("moe_use_legacy_grouped_gemm", True): (None, (0, 16)),
+    ("overlap_dispatch_backward_with_experts_wgrad", True): ((0, 18), None),
+    ("cuda_graph_impl", "full_iteration"): ((0, 18), None),
+}
+
+
+def _release_field_notes(cfg, line) -> list[Finding]:
+    """A field set that the selected release does not have: its TransformerConfig would not accept it."""
+    out = []
+    for (name, value), (first, last) in _RELEASE_FIELDS.items():
+        if name not in cfg.model.model_fields_set or getattr(cfg.model, name) != value:
+            continue
+        if (first and line < first) or (last and line > last):
+            span = (f"from megatron-core {first[0]}.{first[1]}" if first else f"up to megatron-core {last[0]}.{last[1]}")
+            out.append(Finding(rule="config:field-not-in-release", severity="warning", path=f"model.{name}",
+                               message=f"model.{name}={_show(value)} exists only {span}; megatron-core "
+                                       f"{line[0]}.{line[1]} does not know it",
+                               fix=f"drop model.{name} for this release, or validate with the release you run "
+                                   "(--megatron-core-version)"))
+    return out
+
+
+def _rule_set_finding(selection) -> list[Finding]:
+    if selection.note is None:
+        return []
+    if selection.warning:
+        return [Finding(rule="rule-set:outside-known-releases", severity="warning", path="megatron_core_version",
+                        message=selection.note, fix="validate with --megatron-core-version of a known release")]
+    return [Finding(rule="rule-set:default", severity="info", path="megatron_core_version", message=selection.note)]
 
 
 def _field_name_notes(cfg, line) -> list[Finding]:
@@ -98,20 +134,28 @@ def validate_config(source: Any = None, *, overrides: Sequence[str] = (), argv: 
     ctx = Ctx(values=values, paths=paths, env=environment, core=selection.line)
     rules = rules_for(selection.line)
     findings = [f for rule in rules if (f := _run(rule, ctx)) is not None]
-    findings += [Finding(rule=f"config:{n.kind}", severity="info", path=n.path, message=n.message)
-                 for n in cfg.notes]
-    findings += _field_name_notes(cfg, selection.line)
+    findings += [Finding(rule=f"config:{n.kind}", severity="warning" if n.kind == "wrong-section" else "info",
+                         path=n.path, message=n.message) for n in cfg.notes]
+    findings += _field_name_notes(cfg, selection.line) + _release_field_notes(cfg, selection.line)
+    findings += _rule_set_finding(selection)
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order[f.severity])
     rule_set = RuleSet(
         name=selection.name, megatron_core_version=selection.requested, selected_by=selection.source,
         note=selection.note,
-        core_rules=[r.id for r in rules if r.core_checked(selection.line)],
-        bridge_rules=[r.id for r in rules if r.bridge and not r.core_checked(selection.line)],
-        advice_rules=[r.id for r in rules if not r.bridge and not r.core_checked(selection.line)],
+        core_rules=[r.id for r in rules if r.kind(selection.line) == "core"],
+        runtime_rules=[r.id for r in rules if r.kind(selection.line) == "runtime"],
+        bridge_rules=[r.id for r in rules if r.kind(selection.line) == "bridge"],
+        advice_rules=[r.id for r in rules if r.kind(selection.line) == "advice"],
     )
     return ValidationResult(valid=not any(f.severity == "error" for f in findings), findings=findings,
                             environment=environment, rule_set=rule_set)
+
+
+def _selected(rs: RuleSet) -> str:
+    if rs.selected_by == "default":
+        return "default, megatron-core not installed"
+    return f"{rs.selected_by} {rs.megatron_core_version}"
 
 
 def _wrap(text: str, first: str, rest: str | None = None) -> str:
@@ -126,8 +170,8 @@ def render_text(result: ValidationResult, name: str = "config") -> str:
     verdict = "VALID" if result.valid else "INVALID"
     lines = [f"{name}: {verdict} ({counts['error']} error(s), {counts['warning']} warning(s), "
              f"{counts['info']} note(s))",
-             f"rule set: {result.rule_set.name} (+ Megatron-Bridge checks)"
-             + (f"; {result.rule_set.note}" if result.rule_set.note else ""),
+             f"rule set: {result.rule_set.name} (+ Megatron-Bridge and Megatron-LM checks; "
+             f"selected: {_selected(result.rule_set)})",
              f"environment: torch {env.torch_version or '?'} ({env.torch_version_source}), "
              f"TE {env.te_version or '?'} ({env.te_version_source}), "
              f"GPU {env.gpu_name or env.compute_capability or '?'} ({env.gpu_source}), "

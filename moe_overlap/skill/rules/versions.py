@@ -59,16 +59,24 @@ def installed_version(dist: str) -> str | None:
 
 @dataclass(frozen=True)
 class CoreSelection:
-    """Which Megatron-Core release line's rules apply, and why."""
+    """Which Megatron-Core release line's rules apply, and why. `warning` is set when the rules applied are not
+    the asked release's own (outside the known range): the result must say so, never pass silently."""
 
     line: tuple[int, int]
     requested: str | None
     source: str  # "given" | "installed" | "default"
     note: str | None = None
+    warning: bool = False
 
     @property
     def name(self) -> str:
         return f"megatron-core {self.line[0]}.{self.line[1]}"
+
+
+def _known() -> str:
+    from moe_overlap.skill.rules.sources import RELEASES
+
+    return ", ".join(RELEASES)
 
 
 def select_core(requested: str | None = None) -> CoreSelection:
@@ -78,8 +86,10 @@ def select_core(requested: str | None = None) -> CoreSelection:
         requested = installed_version("megatron-core")
         source = "installed" if requested else "default"
     if requested is None:
-        return CoreSelection(NEWEST, None, "default",
-                             "megatron-core not installed and no --megatron-core-version: newest known rules")
+        return CoreSelection(NEWEST, None, "default", (
+            f"megatron-core is not installed and no --megatron-core-version was given: the rules of the newest "
+            f"known release line, {NEWEST[0]}.{NEWEST[1]}, were applied (known: {_known()}); give "
+            "--megatron-core-version to check another release"))
     parsed = parse_version(requested)
     if parsed is None or (source == "given" and not is_version_number(requested)):
         from moe_overlap.skill.config.load import ConfigError
@@ -87,12 +97,11 @@ def select_core(requested: str | None = None) -> CoreSelection:
         raise ConfigError(f"megatron-core version {requested!r} is not a version number",
                           field="megatron_core_version", fix="e.g. --megatron-core-version 0.16.1")
     line = parsed[:2]
-    if line < OLDEST:
-        return CoreSelection(OLDEST, requested, source,
-                             f"megatron-core {requested} is older than the oldest rule set known; "
-                             f"{OLDEST[0]}.{OLDEST[1]} rules applied")
-    if line > NEWEST:
-        return CoreSelection(NEWEST, requested, source,
-                             f"megatron-core {requested} is newer than the newest rule set known; "
-                             f"{NEWEST[0]}.{NEWEST[1]} rules applied")
+    if line < OLDEST or line > NEWEST:
+        nearest = OLDEST if line < OLDEST else NEWEST
+        which = "older than the oldest" if line < OLDEST else "newer than the newest"
+        return CoreSelection(nearest, requested, source, (
+            f"megatron-core {requested} is {which} release whose checks are known ({_known()}): the rules of "
+            f"{nearest[0]}.{nearest[1]}, the nearest known release, were applied and may differ from {requested}'s "
+            "own checks"), warning=True)
     return CoreSelection(line, requested, source)

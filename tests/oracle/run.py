@@ -1,0 +1,138 @@
+"""The differential oracle: generated configs, Core's verdict (one child process per release), ours, compared.
+
+Only the rules a release's TransformerConfig enforces can be compared with TransformerConfig; the others
+(Megatron-Bridge's checks, asserts Core raises later, Megatron-LM's argument checks, advice) are intentional
+differences, listed in INTENTIONAL with the reason. `python -m tests.oracle.run` prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from moe_overlap.skill.rules import sources
+from moe_overlap.skill.rules.validate import validate_config
+from tests.oracle import releases
+from tests.oracle.generate import core_kwargs, generate, near_valid
+
+N_CONFIGS = 600
+SEED = 20261129
+DRIVER = Path(__file__).with_name("core_driver.py")
+
+# Error rules that are not TransformerConfig checks, and why the validator still reports them.
+INTENTIONAL = {
+    "num-experts-gt-1": "Megatron-Bridge asserts num_moe_experts > 1 (comm_overlap.py); Core accepts one expert",
+    "no-moe-recompute-module": "Core checks it from 0.17; Megatron-Bridge 0.6.2 checks it for 0.16 too",
+    "wgrad-overlap-grad-reduce-te-2-7": "Megatron-Bridge's check; overlap_grad_reduce is a DDP setting Core never sees",
+    "wgrad-grad-accum-fusion-te-2-7": "Megatron-Bridge's check of TE >= 2.7 with gradient_accumulation_fusion on",
+    "wgrad-cuda-graph-te-2-12": "Megatron-Bridge's check (and Megatron-LM's with overlap_grad_reduce)",
+    "flex-backend-gpu-support": "Megatron-Bridge checks the GPU; TransformerConfig never looks at it",
+    "cuda-graph-whole-layer": "asserted at the first step (transformer_layer.py), after TransformerConfig accepted it",
+    "fsdp-no-double-buffer": "asserted when Megatron-FSDP wraps the model (mcore_fsdp_adapter.py), a DDP setting",
+    "fsdp-no-per-layer-cuda-graphs": "asserted when Megatron-FSDP wraps the model (mcore_fsdp_adapter.py)",
+    "wgrad-overlap-grad-reduce-te-2-8": "Megatron-LM's argument check (megatron/training/arguments.py)",
+    "wgrad-no-grad-accum-fusion-te-2-7": "Megatron-LM's argument check (megatron/training/arguments.py)",
+    "wgrad-needs-te-layers": "Megatron-LM's argument check; local layers have no delayed-wgrad path",
+    "wgrad-te-min-2-3": "raised when the Transformer Engine layers are built (extensions/transformer_engine.py)",
+    "ncclep-needs-core-0-19": "raised when the flex dispatcher is built ('Invalid backend', token_dispatcher.py)",
+}
+
+
+@dataclass
+class Report:
+    version: str
+    configs: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    disagreements: list = field(default_factory=list)
+    unrelated: list = field(default_factory=list)  # Core rejections with a message no known check has
+    intentional: dict = field(default_factory=dict)  # rule -> configs Core accepts that the rule rejects
+    sole_reason: set = field(default_factory=set)  # core rules that alone decided a rejection at least once
+    core_rules: set = field(default_factory=set)
+    error_rules: set = field(default_factory=set)
+    seconds_core: float = 0.0
+    seconds_ours: float = 0.0
+    core_file: str = ""
+
+
+def _cases(version: str, n: int) -> list[tuple[dict, dict]]:
+    rng = random.Random(SEED + sum(releases.line(version)))
+    line = releases.line(version)
+    return [generate(rng, line) if i % 2 else near_valid(rng, line) for i in range(n)]
+
+
+def core_verdicts(version: str, cases: list[tuple[dict, dict]]) -> dict:
+    line = releases.line(version)
+    payload = [{"kwargs": core_kwargs(c, line), "torch": e["torch_version"], "te": e["te_version"]} for c, e in cases]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env["PYTHONPATH"] = releases.python_path(version)
+    proc = subprocess.run([sys.executable, str(DRIVER)], input=json.dumps(payload), capture_output=True, text=True,
+                          env=env, timeout=600, cwd=str(DRIVER.parent))
+    if proc.returncode != 0:
+        raise RuntimeError(f"megatron-core {version} driver failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def _known_messages(version: str) -> list[str]:
+    # The table's substrings are read from source lines; quotes around a name belong to the literal.
+    return [sub.strip("'") for path, sub, lines in sources.CORE.values() if path == sources.TC and version in lines]
+
+
+@cache
+def run_oracle(version: str, n: int = N_CONFIGS) -> Report:
+    report = Report(version=version)
+    cases = _cases(version, n)
+    start = time.perf_counter()
+    core = core_verdicts(version, cases)
+    report.seconds_core = time.perf_counter() - start
+    report.core_file = core["file"]
+    known = _known_messages(version)
+    start = time.perf_counter()
+    for i, ((config, env), (core_ok, exc, message)) in enumerate(zip(cases, core["results"], strict=True)):
+        result = validate_config(config, megatron_core_version=version, detect=False, env={}, **env)
+        core_rules = set(result.rule_set.core_rules)
+        report.core_rules = core_rules
+        errors = {f.rule for f in result.findings if f.severity == "error"}
+        report.error_rules |= {r for r in result.rule_set.runtime_rules + result.rule_set.bridge_rules}
+        ours_core = errors & core_rules
+        report.configs += 1
+        if not core_ok and not any(m in message for m in known):
+            report.unrelated.append((i, exc, message[:300], config, env))
+            continue
+        report.accepted += core_ok
+        report.rejected += not core_ok
+        if core_ok == bool(ours_core):
+            report.disagreements.append((i, core_ok, message[:300], sorted(ours_core), config, env))
+        if core_ok:
+            for rule in errors - core_rules:
+                report.intentional[rule] = report.intentional.get(rule, 0) + 1
+        elif len(ours_core) == 1:
+            report.sole_reason |= ours_core
+    report.seconds_ours = time.perf_counter() - start
+    return report
+
+
+def available() -> list[str]:
+    return [v for v in releases.RELEASES if releases.is_unpacked(v)]
+
+
+def main() -> None:
+    print("| release | configs | Core accepts | Core rejects | disagreements | unrelated rejections | "
+          "intentional differences (configs) | Core s | ours s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for version in available():
+        r = run_oracle(version)
+        diffs = ", ".join(f"{k} {v}" for k, v in sorted(r.intentional.items()))
+        print(f"| {version} | {r.configs} | {r.accepted} | {r.rejected} | {len(r.disagreements)} | "
+              f"{len(r.unrelated)} | {diffs} | {r.seconds_core:.1f} | {r.seconds_ours:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
