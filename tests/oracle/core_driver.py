@@ -27,9 +27,8 @@ def _at_least(have: str, need: str) -> bool:
 def main() -> None:
     cases = json.load(sys.stdin)
     warnings.simplefilter("ignore")
-    import torch  # megatron.core imports it anyway; needed for pipeline_dtype
-
     import megatron.core
+    import torch  # megatron.core imports it anyway; needed for pipeline_dtype
     from megatron.core.transformer import transformer_config as tc
 
     out = []
