@@ -20,6 +20,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--micro-batches", type=int, help="micro-batches per step (1f1b needs >= 2)")
     parser.add_argument("--modes", help="comma list of baseline,overlap,overlap+wgrad (default: all that apply)")
     parser.add_argument("--schedule", choices=["chunked", "1f1b"], help="the overlap schedule (default 1f1b)")
+    parser.add_argument("--fabric", choices=["native", "emulated-net"], default="native",
+                        help="NCCL fabric of every rank (cuda): native, or emulated-net (NCCL's network transport "
+                             "on this host: all-to-alls behave like an inter-node link)")
+    parser.add_argument("--a2a", choices=["nccl", "ce", "auto"],
+                        help="all-to-all transport (cuda): nccl, ce (copy engines, one host), auto "
+                             "(default: the process group's own)")
+    parser.add_argument("--no-explain", action="store_true",
+                        help="skip timing the step's all-to-alls and expert GEMMs alone after training")
     parser.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit in seconds (default 600)")
     parser.add_argument("--hang-timeout", type=float, default=60.0,
                         help="a rank without heartbeat this long is a hang (default 60)")
@@ -43,7 +51,8 @@ def _options(args):
         return VerifyOptions(
             config=args.config, nproc=args.nproc, device=args.device, steps=args.steps,
             micro_batches=args.micro_batches, schedule=args.schedule, timeout_s=args.timeout,
-            hang_timeout_s=args.hang_timeout, out=args.out, force=args.force, inject_fault=args.inject_fault,
+            hang_timeout_s=args.hang_timeout, out=args.out, fabric=args.fabric, a2a=args.a2a,
+            explain=not args.no_explain, force=args.force, inject_fault=args.inject_fault,
             modes=[m.strip() for m in args.modes.split(",") if m.strip()] if args.modes is not None else None)
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -73,14 +82,15 @@ def _progress_printer(quiet: bool):
 
 
 def _text(report) -> str:
-    lines = [f"verdict: {report.verdict.upper()} - {report.summary}"]
-    for c in report.criteria:
-        lines.append(f"  [{c.status.upper():7}] {c.title}: {c.summary}")
+    from moe_overlap.verify.summary import render_summary, verification_summary
+
+    lines = render_summary(verification_summary(report)).splitlines()
     if report.failure is not None:
-        lines.append(f"  failure: {report.failure.message}")
+        at = len(lines) - 1 if lines[-1].startswith("report:") else len(lines)
+        extra = [f"  failure: {report.failure.message}"]
         if report.failure.traceback:
-            lines.append("  " + report.failure.traceback.strip().splitlines()[-1])
-    lines.append(f"report: {report.files.get('report.md')}")
+            extra.append("  " + report.failure.traceback.strip().splitlines()[-1])
+        lines[at:at] = extra
     return "\n".join(lines)
 
 

@@ -45,6 +45,9 @@ class VerificationStatus(BaseModel):
     elapsed_s: float
     progress: dict[str, Any] = Field(default_factory=dict, description="the latest progress event")
     recent_progress: list[dict[str, Any]] = Field(default_factory=list, description="the last few progress events")
+    summary: dict[str, Any] | None = Field(
+        None, description="what to read first (verify/summary.py): verdict, headline, criteria, per-mode split of the "
+                          "step time with predicted vs measured ratio, why, what would change it")
     report: dict[str, Any] | None = Field(
         None, description="the verification report (schemas/verification-report.schema.json), step lists bounded")
     error: str | None = None

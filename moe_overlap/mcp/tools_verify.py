@@ -82,8 +82,13 @@ def status_of(job: Job, *, with_children: bool = False) -> VerificationStatus:
         nxt = "cancelled; start a new run with run_verification when ready"
     else:
         nxt = "the run could not start or crashed in the server: read `error`, fix the input, run again"
+    summary = None
+    if job.result is not None:
+        from moe_overlap.verify.summary import verification_summary
+
+        summary = verification_summary(job.result).model_dump(mode="json")
     return VerificationStatus(job_id=job.id, state=job.state, elapsed_s=job.elapsed_s(), progress=progress,
-                              recent_progress=recent, report=report, error=job.error, truncated=cuts,
+                              recent_progress=recent, summary=summary, report=report, error=job.error, truncated=cuts,
                               live_child_processes=descendant_pids() if with_children else None, next_step=nxt)
 
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from moe_overlap.verify.explain import build_analysis
 from moe_overlap.verify.judge import (
     criterion_completion,
     criterion_loss,
@@ -28,6 +29,7 @@ from moe_overlap.verify.judge import (
     headline,
     verdict,
 )
+from moe_overlap.verify.launch_print import rank_environment, worker_options
 from moe_overlap.verify.launcher import LaunchResult, launch
 from moe_overlap.verify.options import VerifyOptions
 from moe_overlap.verify.plan import Plan, VerifyInputError, make_plan, prepare_out, validate_modes
@@ -125,14 +127,27 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
     torch_version = next((rec.get("torch") for rec in result.records.get(0, []) if rec.get("kind") == "init"),
                          None) or _torch_version()
     summary = headline(v, criteria, result.message)
+    rank0 = result.records.get(0, [])
+    init = next((rec for rec in rank0 if rec.get("kind") == "init"), {})
+    analysis = None
+    if any(r.steps for r in runs):
+        analysis = build_analysis(
+            plan.cfg, nproc=plan.nproc, device=plan.device, backend="nccl" if plan.device == "cuda" else "gloo",
+            fabric=plan.fabric, transport=str(init.get("transport") or ""), runs=runs, throughput=criteria[2],
+            pieces_record=next((rec for rec in rank0 if rec.get("kind") == "pieces"), None),
+            schedules={s.name: s.schedule for s in plan.specs}, explain=plan.explain)
+        why = analysis.explanation
+        if why is not None and why.pays is False and v in ("failed", "inconclusive", "throughput-not-judged"):
+            summary += f". Why: {why.cause}"
     report = VerificationReport(
         verdict=v, summary=summary, started_at=started_at, elapsed_s=round(time.monotonic() - t0, 2),
         command=command, config_source=plan.config_source, config=plan.cfg.model_dump(),
         mapping_notes=plan.mapping_notes, modes=[s.name for s in plan.specs], criteria=criteria, runs=runs,
-        failure=failure, out_dir=str(plan.out), notes=notes,
+        failure=failure, analysis=analysis, out_dir=str(plan.out), notes=notes,
         environment=RunEnvironment(device=plan.device, backend="nccl" if plan.device == "cuda" else "gloo",
                                    nproc=plan.nproc, python=sys.version.split()[0], torch=torch_version,
-                                   platform=platform.platform(), hostname=socket.gethostname()))
+                                   platform=platform.platform(), hostname=socket.gethostname(),
+                                   fabric=plan.fabric, a2a_transport=init.get("transport")))
     return write_outputs(report, plan.out)
 
 
@@ -170,7 +185,8 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
         result = launch(nproc=plan.nproc, device=plan.device, config_path=config_path,
                         modes_arg=json.dumps([s.to_dict() for s in plan.specs]), out=plan.out,
                         timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
-                        inject_fault=options.inject_fault, on_record=on_record, cancel=cancel)
+                        inject_fault=options.inject_fault, on_record=on_record, cancel=cancel,
+                        extra_args=worker_options(plan), extra_env=rank_environment(plan))
         if attempt == 0 and _lost_port_race(result):
             # Another process took the free port between our probe and rank 0's bind: start over once.
             for name in ("ranks", "logs"):
@@ -194,6 +210,12 @@ def options_command(options: VerifyOptions) -> str:
             parts += [flag, str(value)]
     if options.device != "cpu":
         parts += ["--device", options.device]
+    if options.fabric != "native":
+        parts += ["--fabric", options.fabric]
+    if options.a2a:
+        parts += ["--a2a", options.a2a]
+    if not options.explain:
+        parts.append("--no-explain")
     if options.modes:
         parts += ["--modes", ",".join(options.modes)]
     return " ".join(parts)

@@ -14,10 +14,24 @@ import shlex
 from moe_overlap.verify.plan import Plan
 
 
+def worker_options(plan: Plan) -> list[str]:
+    """The worker flags beyond config, modes, out and device (the same for the launcher and torchrun)."""
+    out = ["--fabric", plan.fabric] if plan.fabric != "native" else []
+    out += ["--a2a", plan.a2a] if plan.a2a else []
+    return out + ([] if plan.explain else ["--no-explain"])
+
+
+def rank_environment(plan: Plan) -> dict[str, str]:
+    """What every rank's environment needs before init_process_group: the NCCL fabric (ep/fabric.py)."""
+    from moe_overlap.ep.fabric import fabric_env
+
+    return fabric_env(plan.fabric)
+
+
 def _worker_args(plan: Plan, config_path: str) -> list[str]:
     modes = json.dumps([s.to_dict() for s in plan.specs], separators=(",", ":"))
     return ["-m", "moe_overlap.verify.worker", "--config", config_path, "--modes", modes,
-            "--out", str(plan.out), "--device", plan.device]
+            "--out", str(plan.out), "--device", plan.device, *worker_options(plan)]
 
 
 def torchrun_command(plan: Plan, *, nnodes: int = 1, nproc_per_node: int | None = None,
@@ -28,7 +42,8 @@ def torchrun_command(plan: Plan, *, nnodes: int = 1, nproc_per_node: int | None 
     if nnodes > 1:
         head += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "$MASTER_ADDR:29500", "--rdzv-id", "moe-overlap-verify"]
     parts = [shlex.quote(p) if not p.startswith("$") else p for p in head + _worker_args(plan, config_path)]
-    return " ".join(parts)
+    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(rank_environment(plan).items())]
+    return " ".join(env + parts)
 
 
 def slurm_script(plan: Plan, *, gpus_per_node: int = 8) -> str:

@@ -46,14 +46,15 @@ class LaunchResult:
 
 
 def worker_command(*, config_path: Path, modes_arg: str, out: Path, device: str,
-                   inject_fault: str | None = None) -> list[str]:
+                   inject_fault: str | None = None, extra_args: list[str] = ()) -> list[str]:
     cmd = [sys.executable, "-m", "moe_overlap.verify.worker", "--config", str(config_path), "--modes", modes_arg,
-           "--out", str(out), "--device", device]
+           "--out", str(out), "--device", device, *extra_args]
     return cmd + (["--inject-fault", inject_fault] if inject_fault else [])
 
 
-def _rank_env(rank: int, world: int, port: int, threads: int) -> dict[str, str]:
+def _rank_env(rank: int, world: int, port: int, threads: int, extra_env: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(extra_env or {})  # e.g. an NCCL fabric (ep/fabric.py): read when the communicator is created
     env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads),
                MOE_OVERLAP_THREADS=str(threads), PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
@@ -112,7 +113,7 @@ def _tail_text(path: Path, limit: int = 6000) -> str:
 
 def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: Path, timeout_s: float,
            hang_timeout_s: float, startup_timeout_s: float = 180.0, inject_fault: str | None = None,
-           threads: int = 1,
+           threads: int = 1, extra_args: list[str] = (), extra_env: dict[str, str] | None = None,
            on_record: Callable[[int, dict[str, Any]], None] | None = None,
            cancel: threading.Event | None = None) -> LaunchResult:
     """Run all ranks to completion or failure; always returns with every rank dead."""
@@ -120,7 +121,7 @@ def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: P
     rank_dir(out).mkdir(parents=True, exist_ok=True)
     port = free_port()
     cmd = worker_command(config_path=config_path, modes_arg=modes_arg, out=out, device=device,
-                         inject_fault=inject_fault)
+                         inject_fault=inject_fault, extra_args=list(extra_args))
     procs: list[subprocess.Popen] = []
     files = []
     tails = {r: RecordTail(records_path(out, r)) for r in range(nproc)}
@@ -136,7 +137,7 @@ def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: P
         for r in range(nproc):
             f = open(output_path(out, r), "wb")  # noqa: SIM115 - closed in finally
             files.append(f)
-            procs.append(subprocess.Popen(cmd, env=_rank_env(r, nproc, port, threads), stdin=subprocess.DEVNULL,
+            procs.append(subprocess.Popen(cmd, env=_rank_env(r, nproc, port, threads, extra_env), stdin=subprocess.DEVNULL,
                                           stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
         result.pids = [p.pid for p in procs]
         for t in tails.values():

@@ -43,7 +43,8 @@ def _load_plan(out: Path) -> Plan:
     return Plan(cfg=cfg, config_source=data["config_source"], config_kind=data["config_kind"], raw_source=raw,
                 megatron=validated_config(cfg, parsed), nproc=int(data["nproc"]), device=data["device"],
                 specs=[ModeSpec(**s) for s in data["specs"]], out=out, notes=list(data.get("notes", [])),
-                mapping_notes=list(data.get("mapping_notes", [])))
+                mapping_notes=list(data.get("mapping_notes", [])), fabric=str(data.get("fabric") or "native"),
+                a2a=data.get("a2a"), explain=bool(data.get("explain", True)))
 
 
 def _status(records: dict[int, list[dict[str, Any]]]) -> LaunchResult:

@@ -28,6 +28,14 @@ class VerifyOptions(BaseModel):
                                                       "that apply to the schedule")
     schedule: Literal["chunked", "1f1b"] | None = Field(None, description="the overlap schedule; default 1f1b when "
                                                                           "the package has it, else chunked")
+    fabric: Literal["native", "emulated-net"] = Field(
+        "native", description="NCCL fabric of every rank (ep/fabric.py): native, or emulated-net (NCCL's network "
+                              "transport over loopback: the all-to-all behaves like an inter-node link); cuda only")
+    a2a: Literal["nccl", "ce", "auto"] | None = Field(
+        None, description="all-to-all transport (ep/transport.py): nccl, ce (copy engines, one host), auto; "
+                          "default: the process group's own (NCCL on cuda, gloo on cpu)")
+    explain: bool = Field(True, description="after training, time the step's all-to-alls and expert GEMMs alone in "
+                                            "the same ranks (the report's split of the step time)")
     timeout_s: float = Field(600.0, gt=0, description="wall-clock limit of the whole run")
     hang_timeout_s: float = Field(60.0, gt=0, description="a rank silent this long is a hang")
     out: str | Path | None = Field(None, description="output folder; default: a new folder under ./verify-out")

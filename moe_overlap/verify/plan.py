@@ -52,6 +52,9 @@ class Plan:
     out: Path
     notes: list[str] = field(default_factory=list)
     mapping_notes: list[str] = field(default_factory=list)
+    fabric: str = "native"  # ep/fabric.py: the NCCL environment of every rank
+    a2a: str | None = None  # ep/transport.py kind; None: the process group's own all-to-all
+    explain: bool = True  # time the step's pieces alone after training (verify/pieces.py)
 
 
 def cuda_device_count() -> int:
@@ -145,6 +148,12 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
         err = exc.errors()[0]
         raise VerifyInputError(f"invalid run: {err['msg']}", field="nproc",
                                fix="choose --nproc dividing num_moe_experts") from None
+    if options.device != "cuda" and options.fabric != "native":
+        raise VerifyInputError(f"--fabric {options.fabric} sets NCCL's transport: it needs --device cuda",
+                               field="fabric", fix="add --device cuda, or drop --fabric")
+    if options.device != "cuda" and options.a2a == "ce":
+        raise VerifyInputError("--a2a ce copies between GPUs with their copy engines: it needs --device cuda",
+                               field="a2a", fix="add --device cuda, or drop --a2a (CPU ranks use gloo)")
     try:
         specs, mode_notes = resolve_modes(cfg, options.modes, options.schedule)
     except ModeError as exc:
@@ -153,7 +162,8 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
               else str(options.config))
     return Plan(cfg=cfg, config_source=source, config_kind=kind, raw_source=options.config,
                 megatron=validated_config(cfg, loaded.parsed), nproc=nproc, device=options.device, specs=specs,
-                out=_out_dir(options), notes=notes + mode_notes, mapping_notes=loaded.notes)
+                out=_out_dir(options), notes=notes + mode_notes, mapping_notes=loaded.notes, fabric=options.fabric,
+                a2a=options.a2a, explain=options.explain)
 
 
 def prepare_out(plan: Plan) -> Path:

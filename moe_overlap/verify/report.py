@@ -16,7 +16,8 @@ _MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skippe
 
 
 def plot_losses(report: VerificationReport, path: Path) -> str | None:
-    """Loss per step of every mode; returns a note when the plot cannot be made."""
+    """Loss per step of every mode (left) and step time per mode (right: each step, the median after the warm-up
+    as a line, the throughput outcome in the legend); returns a note when the plot cannot be made."""
     try:
         import matplotlib
 
@@ -24,7 +25,7 @@ def plot_losses(report: VerificationReport, path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "loss.png skipped: matplotlib is not installed (pip install 'moe-overlap[plot]')"
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=100)
     styles = {"baseline": ("-", 3.0), "overlap": ("--", 1.8), "overlap+wgrad": (":", 1.8)}
     for run in report.runs:
         if run.steps:
@@ -35,13 +36,79 @@ def plot_losses(report: VerificationReport, path: Path) -> str | None:
     loss = next((c for c in report.criteria if c.id == "loss-trajectory"), None)
     comps = loss.evidence.get("comparisons", []) if loss is not None else []
     same = bool(comps) and all(c.get("bitwise_equal") for c in comps)
-    ax.set_title(f"moe-overlap verify: {report.verdict}" + (" (curves coincide: bitwise equal)" if same else ""))
+    ax.set_title("loss" + (" (curves coincide: bitwise equal)" if same else ""))
     ax.grid(alpha=0.3)
     ax.legend()
+    _plot_step_times(bx, report)
+    fig.suptitle(f"moe-overlap verify: {report.verdict}")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return None
+
+
+def _plot_step_times(ax, report: VerificationReport) -> None:
+    tp = next((c for c in report.criteria if c.id == "throughput"), None)
+    outcome = {c["mode"]: c for c in (tp.evidence.get("comparisons", []) if tp else []) if "ratio" in c}
+    top = 0.0
+    for run in report.runs:
+        if not run.steps:
+            continue
+        xs, ys = [s.step + 1 for s in run.steps], [s.step_time_s * 1e3 for s in run.steps]
+        c = outcome.get(run.mode)
+        label = run.mode + (f": x{c['ratio']:.3f} tokens/s, {c['outcome']}" if c else "")
+        line = ax.plot(xs, ys, "o-", ms=3, lw=1, alpha=0.8, label=label)[0]
+        kept = sorted(ys[1:] or ys)
+        top = max(top, kept[-1])
+        ax.axhline(kept[len(kept) // 2], color=line.get_color(), lw=1, ls="--", alpha=0.6)
+    if top > 0:
+        ax.set_ylim(0, top * 1.25)  # the warm-up step (compiles, allocates) may lie above: it is not compared
+    ax.set_xlabel("optimizer step (step 1: warm-up, not compared)")
+    ax.set_ylabel("step time, ms (slowest rank)")
+    judged = "judged" if tp is not None and tp.judged else "not judged"
+    ax.set_title(f"step time, dashed: median (throughput {judged})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _analysis_lines(report: VerificationReport) -> list[str]:
+    a = report.analysis
+    if a is None:
+        return []
+    lines = ["", "## Where the step time goes", ""]
+    if not a.available:
+        lines += [f"Not measured: {a.reason}", ""]
+    ms = 1e3
+
+    def f(x, scale=ms, fmt=".1f"):
+        return "-" if x is None else format(x * scale, fmt)
+
+    lines += ["| mode | step ms | compute ms | comm ms | exposed comm ms | hidden comm ms | overlap efficiency | "
+              "peak MiB | measured x | predicted x | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in a.modes:
+        lines.append(f"| {m.mode} | {f(m.step_s)} | {f(m.compute_s)} | {f(m.comm_s)} | {f(m.exposed_comm_s)} | "
+                     f"{f(m.hidden_comm_s)} | {f(m.overlap_efficiency, 1, '.2f')} | "
+                     f"{f(m.peak_memory_bytes, 1 / 2**20)} | {f(m.measured_ratio, 1, '.3f')} | "
+                     f"{f(m.predicted_ratio, 1, '.3f')} | {f(m.prediction_error, 100, '+.0f')}{'' if m.prediction_error is None else '%'} |")
+    if a.pieces is not None:
+        p = a.pieces
+        lines += ["", f"Timed alone in the same ranks after training ({p.layers} layers x {p.micro_batches} "
+                      f"micro-batches, slowest rank, median of {p.rounds} rounds): all-to-alls {p.a2a_s * ms:.1f} ms "
+                      f"({p.a2a_calls} calls, {p.a2a_bytes_off_rank / 1e6:.2f} MB off-rank), count exchanges "
+                      f"{p.count_exchange_s * ms:.1f} ms, expert GEMMs {p.experts_s * ms:.1f} ms; overlap probe "
+                      f"(one dispatch beside one expert forward): "
+                      + (f"{p.probe.overlap_efficiency:.2f}" if p.probe.overlap_efficiency is not None else "n/a")
+                      + ". compute = baseline step - comm; exposed = step - compute (docs/verify.md)."]
+    pr = a.prediction
+    lines += ["", "Prediction: " + (pr.reason + (f"; overlap efficiency {pr.overlap_efficiency:.2f} "
+                                                 f"({pr.efficiency_source})" if pr.overlap_efficiency is not None
+                                                 else "") if pr.available else "not available: " + pr.reason)]
+    if a.explanation is not None:
+        e = a.explanation
+        lines += ["", "## Why", "", e.cause + "."]
+        if e.what_would_change_it:
+            lines += ["", "What would change it:", ""] + [f"- {x}" for x in e.what_would_change_it]
+    return lines
 
 
 def render_markdown(report: VerificationReport) -> str:
@@ -52,7 +119,9 @@ def render_markdown(report: VerificationReport) -> str:
              f"- config: {report.config_source}; EP {cfg.get('expert_model_parallel_size')}, "
              f"{cfg.get('num_moe_experts')} experts, top-{cfg.get('moe_router_topk')}, {cfg.get('precision')}, "
              f"{cfg.get('steps')} steps x {cfg.get('micro_batches')} micro-batches",
-             f"- command: `{report.command}`" if report.command else "", "",
+             f"- command: `{report.command}`" if report.command else "",
+             f"- fabric {report.environment.fabric}; all-to-all: {report.environment.a2a_transport or 'not recorded'}",
+             "",
              "## Success criteria", "", "| criterion | status | judged | evidence |", "|---|---|---|---|"]
     for c in report.criteria:
         judged = "yes" if c.judged else "no (not binding here)" if not c.binding else "no (not assessed)"
@@ -69,6 +138,7 @@ def render_markdown(report: VerificationReport) -> str:
                      f"{r.status} | 0 | - | - | - |")
     for r in report.runs:
         lines += [f"- {r.mode}: {n}" for n in r.notes]
+    lines += _analysis_lines(report)
     if report.failure:
         f = report.failure
         lines += ["", f"## Failure: {f.kind}" + (f" (rank {f.rank})" if f.rank is not None else ""), "", f.message]

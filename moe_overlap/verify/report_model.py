@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from moe_overlap.verify.analysis_model import Analysis
+
 Verdict = Literal["passed", "throughput-not-judged", "failed", "inconclusive", "crashed", "hang", "timeout",
                   "cancelled"]
 CriterionStatus = Literal["pass", "fail", "inconclusive", "skipped"]
@@ -41,6 +43,7 @@ class StepRecord(_Model):
     step_time_s: float = Field(ge=0)
     tokens_per_s: float = Field(ge=0)
     peak_memory_bytes: int = Field(ge=0, description="CUDA: max allocated during the step; CPU: peak RSS of the rank-0 process (all modes)")
+    optimizer_s: float | None = Field(None, ge=0, description="the optimizer update alone, within step_time_s")
 
 
 class ModeRun(_Model):
@@ -91,6 +94,9 @@ class RunEnvironment(_Model):
     torch: str | None = None
     platform: str
     hostname: str
+    fabric: str = Field("native", description="NCCL fabric of the ranks (ep/fabric.py): native or emulated-net")
+    a2a_transport: str | None = Field(None, description="the all-to-all transport the ranks used, and why "
+                                                        "(ep/transport.py)")
 
 
 class VerificationReport(_Model):
@@ -110,6 +116,8 @@ class VerificationReport(_Model):
     criteria: list[Criterion]
     runs: list[ModeRun]
     failure: RankFailure | None = None
+    analysis: Analysis | None = Field(None, description="where each mode's step time goes, the estimator's "
+                                                        "prediction, and why overlap paid or did not")
     environment: RunEnvironment
     out_dir: str
     files: dict[str, str] = Field(default_factory=dict, description="name -> path of report.md, loss.png, logs")

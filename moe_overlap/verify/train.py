@@ -117,10 +117,13 @@ class ModeRunner:
     """
 
     def __init__(self, cfg: VerifyConfig, spec: ModeSpec, group: Any, device: torch.device, emit, log,
-                 fault: str | None = None) -> None:
+                 fault: str | None = None, *, counts_group: Any = None, transport: Any = None) -> None:
         from moe_overlap.ep.model import ModelConfig, MoETransformer
+        from moe_overlap.ep.streams import make_comm_stream
 
         self.cfg, self.spec, self.group, self.device, self.emit, self.log = cfg, spec, group, device, emit, log
+        # Every mode uses the same host count group and all-to-all transport: only the schedule differs.
+        self.counts_group, self.transport = counts_group, transport
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         for line in effective_config_lines(cfg, spec, self.world, device.type):
             log(line)
@@ -135,7 +138,7 @@ class ModeRunner:
         self.tokens_per_step = self.world * cfg.micro_batches * cfg.micro_batch_size * cfg.seq_length
         # On GPU the overlap modes issue their all-to-alls on a communication stream; the baseline keeps
         # everything on the compute stream (the no-overlap reference). gloo needs none.
-        self.comm_stream = torch.cuda.Stream(device) if device.type == "cuda" and spec.overlap else None
+        self.comm_stream = make_comm_stream(device) if spec.overlap else None
         self.notes: list[str] = []
         emit("mode_start", mode=spec.name, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad)
 
@@ -155,27 +158,34 @@ class ModeRunner:
             torch.cuda.reset_peak_memory_stats(device)  # the modes interleave: a per-step peak is per mode
         t0 = time.perf_counter()
         result = forward_backward(self.model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
-                                  chunks=cfg.chunks, group=self.group, streams=self.comm_stream)
+                                  chunks=cfg.chunks, group=self.group, streams=self.comm_stream,
+                                  counts_group=self.counts_group, transport=self.transport)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t_opt = time.perf_counter()
         self.opt.step()
         self.opt.zero_grad()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        dt = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        dt, opt_dt = t1 - t0, t1 - t_opt
         local = [float(x) for x in result.losses]
         # all_gather, not all_reduce: every rank sums the same values in the same order (bitwise stable).
-        mine = torch.tensor([sum(local) / len(local), dt], dtype=torch.float64, device=device)
+        mine = torch.tensor([sum(local) / len(local), dt, opt_dt], dtype=torch.float64, device=device)
         gathered = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(gathered, mine, group=self.group)
         rows = [g.tolist() for g in gathered]
         loss = sum(r[0] for r in rows) / self.world
         step_time = max(r[1] for r in rows)
+        optimizer_time = max(r[2] for r in rows)
         mem = peak_memory_bytes(device)
         for n in getattr(result, "notes", None) or []:
             if str(n) not in self.notes:
                 self.notes.append(str(n))
         tps = self.tokens_per_step / step_time if step_time > 0 else 0.0
         self.emit("step", mode=spec.name, step=step, loss=loss, loss_hex=float(loss).hex(), step_time_s=step_time,
-                  tokens_per_s=tps, peak_memory_bytes=mem, local_losses=[x.hex() for x in local])
+                  tokens_per_s=tps, peak_memory_bytes=mem, optimizer_s=optimizer_time,
+                  local_losses=[x.hex() for x in local])
         self.log(f" [moe-overlap] mode {spec.name} | step {step + 1}/{cfg.steps} | lm loss {loss:.6f} | "
                  f"step time {step_time * 1000:.1f} ms | tokens/s {tps:.0f} | peak memory {mem / 2**20:.1f} MiB")
         if step == cfg.steps - 1:

@@ -49,6 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--modes", required=True, help="JSON list of mode specs, or a comma list of mode names")
     ap.add_argument("--out", required=True, help="output folder shared by all ranks")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--fabric", default="native", help="the NCCL fabric the launcher set up (recorded in the report)")
+    ap.add_argument("--a2a", choices=["nccl", "ce", "auto"], default=None,
+                    help="all-to-all transport (ep/transport.py); default: the process group's own")
+    ap.add_argument("--no-explain", action="store_true", help="skip timing the step's pieces alone after training")
     ap.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -60,6 +64,38 @@ def _mode_specs(text: str, cfg):
         return [ModeSpec(**d) for d in json.loads(text)]
     specs, _ = resolve_modes(cfg, [m.strip() for m in text.split(",") if m.strip()], None)
     return specs
+
+
+def _comm_setup(cfg, args, group, device, world: int):
+    """The host group for token counts (world > 1) and the all-to-all transport every mode uses."""
+    import torch
+    import torch.distributed as dist
+
+    counts_group = dist.new_group(backend="gloo") if world > 1 else None
+    if args.a2a is None:
+        return counts_group, None, ("nccl" if device.type == "cuda" else "gloo") + " (the process group's own)"
+    from moe_overlap.ep.transport import make_transport
+    from moe_overlap.verify.train import DTYPES
+
+    esize = torch.empty((), dtype=DTYPES[cfg.precision]).element_size()
+    # The largest all-to-all one rank sends: every routed row of a micro-batch (T * K rows of D elements).
+    transport, reason = make_transport(args.a2a, group, device,
+                                       max_rows=cfg.micro_batch_size * cfg.seq_length * cfg.moe_router_topk,
+                                       max_row_bytes=cfg.hidden_size * esize)
+    return counts_group, transport, f"{args.a2a}: {reason}"
+
+
+def _explain(runners, cfg, rank: int, group, device, counts_group, transport, rec) -> None:
+    """Time one step's pieces alone with the baseline's model (or the first mode's), record them on rank 0."""
+    from moe_overlap.ep.streams import make_comm_stream
+    from moe_overlap.verify.pieces import measure_pieces
+    from moe_overlap.verify.train import make_batches
+
+    runner = next((r for r in runners if r.spec.name == "baseline"), runners[0])
+    pieces = measure_pieces(runner.model, make_batches(cfg, 0, rank, device), group, device,
+                            counts_group=counts_group, transport=transport, comm_stream=make_comm_stream(device))
+    if rank == 0:
+        rec.emit("pieces", model_of=runner.spec.name, **pieces)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend=backend, rank=rank, world_size=world,
                                 **({"device_id": device} if backend == "nccl" else {}))
         group = dist.group.WORLD
-        rec.emit("init", backend=backend, device=str(device), torch=torch.__version__)
+        counts_group, transport, transport_note = _comm_setup(cfg, args, group, device, world)
+        rec.emit("init", backend=backend, device=str(device), torch=torch.__version__, fabric=args.fabric,
+                 a2a=args.a2a, transport=transport_note, counts_group="gloo" if counts_group is not None else None)
         logs = {}
         for spec in specs:
             path = mode_log_path(out, spec.name, rank)
@@ -112,13 +150,16 @@ def main(argv: list[str] | None = None) -> int:
             for spec in specs:
                 mode = spec.name
                 runners.append(ModeRunner(cfg, spec, group, device, rec.emit, logger(spec.name),
-                                          fault=args.inject_fault))
+                                          fault=args.inject_fault, counts_group=counts_group,
+                                          transport=transport))
             # Round-robin over the modes, one step each (see ModeRunner: fair throughput comparison).
             for step in range(cfg.steps):
                 for runner in runners:
                     mode = runner.spec.name
                     runner.step(step)
             mode = None
+            if not args.no_explain:
+                _explain(runners, cfg, rank, group, device, counts_group, transport, rec)
         except BaseException:
             if mode is not None:  # the traceback goes to the mode's training log, where check-logs finds it
                 logger(mode)(traceback.format_exc().rstrip())

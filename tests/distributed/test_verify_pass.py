@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 def test_default_verification_passes(tmp_path, monkeypatch):
     token = new_token(monkeypatch)
     events = []
-    report = run_verification(VerifyOptions(steps=4, micro_batches=2, out=tmp_path / "run"), progress=events.append)
+    report = run_verification(VerifyOptions(steps=4, micro_batches=2, out=tmp_path / "run", a2a="auto"),
+                              progress=events.append)
     # CPU: every judged criterion passed; throughput is measured but not judged, and the verdict says so.
     assert report.verdict == "throughput-not-judged", report.summary
     assert report.summary.startswith("throughput not judged") and "all success criteria met" not in report.summary
@@ -39,6 +40,18 @@ def test_default_verification_passes(tmp_path, monkeypatch):
         assert len(run.log_files) == 2
     assert all(c["all_ok"] for c in by_id["completes-cleanly"].evidence["log_checks"].values())
     assert (tmp_path / "run" / "loss.png").stat().st_size > 1000
+    # The report explains: the step split per mode from pieces timed in the same ranks, the estimator beside it.
+    a = report.analysis
+    assert a.available and a.pieces.comm_s > 0 and a.pieces.experts_s > 0 and a.pieces.a2a_calls == 2 * 2 * 4
+    assert a.pieces.a2a_bytes_off_rank > 0 and a.pieces.model_of == "baseline"
+    for row in a.modes:
+        assert None not in (row.step_s, row.compute_s, row.comm_s, row.exposed_comm_s, row.peak_memory_bytes)
+    assert a.prediction.available and all(r.predicted_ratio for r in a.modes[1:])
+    assert all(r.prediction_error is not None for r in a.modes[1:])
+    assert a.explanation is not None and a.explanation.cause
+    assert report.environment.a2a_transport == "auto: CPU ranks: gloo" and report.environment.fabric == "native"
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "## Where the step time goes" in md and "predicted x" in md
     assert {"start", "mode", "step", "done"} <= {e["event"] for e in events}
     steps = [e for e in events if e["event"] == "step"]
     assert len(steps) == 12 and all("elapsed_s" in e for e in steps)

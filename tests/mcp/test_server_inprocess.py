@@ -191,6 +191,10 @@ async def test_blocking_verification_reports_progress(server):
     assert status["state"] == "succeeded" and status["report"]["verdict"] == "throughput-not-judged", \
         status["report"]["summary"]
     assert [r["mode"] for r in status["report"]["runs"]] == ["baseline", "overlap"]
+    summary = status["summary"]  # verify/summary.py, the same as the CLI's text
+    assert summary["verdict"] == "throughput-not-judged" and summary["headline"] == status["report"]["summary"]
+    assert [m["mode"] for m in summary["modes"]] == ["baseline", "overlap"] and summary["modes"][0]["comm_ms"] > 0
+    assert summary["modes"][1]["predicted_ratio"] and summary["why"]
     assert events and events[-1][0] == events[-1][1]
     assert [e[0] for e in events] == sorted(e[0] for e in events)  # progress never goes back
 

@@ -19,7 +19,9 @@ class Calibration(BaseModel):
 
     expert_tflops: float = Field(gt=0, description="grouped expert GEMM rate, TFLOP/s")
     dense_tflops: float = Field(gt=0, description="plain matmul rate, TFLOP/s")
-    mem_gbps: float = Field(gt=0, description="row gather (index_select) rate, bytes read + written, GB/s")
+    mem_gbps: float | None = Field(None, gt=0, description="row gather (index_select) rate, bytes read + written, "
+                                   "GB/s; None: not measured (a verification run's pieces count those kernels in "
+                                   "the attention/other time instead)")
     perm_ns_per_elem: float | None = Field(None, ge=0, description="gathers and weighting (permute, sort, "
                                            "unsort, unpermute), forward + backward, ns per routed token per D element")
     act_ns_per_elem: float | None = Field(None, ge=0, description="SwiGLU forward + backward cost per routed "

@@ -1,0 +1,105 @@
+"""What a verification report explains: where each mode's step time goes, what the estimator predicted, and
+why overlap paid or did not (pydantic models, torch-free; built by verify/explain.py).
+
+Definitions (docs/verify.md, "Where the time goes"), all per optimizer step, times in seconds:
+  comm             the step's all-to-alls and count exchanges timed alone in the same ranks (verify/pieces.py)
+  compute          baseline step - comm: the baseline runs its all-to-alls on the compute stream, one after the
+                   other, so everything else it does is compute; every mode does the same compute
+  exposed comm     step - compute (at least 0): the communication the mode did not hide
+  hidden comm      comm - exposed comm (at least 0)
+  overlap efficiency  (compute + comm - step) / min(compute, comm): 1 = the ideal two-stream step, 0 = the
+                   serial step, below 0 = slower than doing everything one after the other
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OverlapProbe(_Model):
+    """One dispatch all-to-all alone, one expert forward alone, and both at once (summed over one step)."""
+
+    a2a_s: float = Field(ge=0)
+    experts_s: float = Field(ge=0)
+    both_s: float = Field(ge=0)
+    overlap_efficiency: float | None = Field(description="(a2a + experts - both) / min(a2a, experts); None at EP 1")
+
+
+class StepPieces(_Model):
+    """One step's pieces timed alone in the ranks after training (slowest rank, median over rounds)."""
+
+    comm_s: float = Field(ge=0, description="all-to-alls + count exchanges of one step")
+    a2a_s: float = Field(ge=0, description="dispatch, combine and their backward twins, every layer and micro-batch")
+    count_exchange_s: float = Field(ge=0)
+    experts_s: float = Field(ge=0, description="expert forward + dgrad + wgrad GEMMs of one step")
+    experts_fwd_s: float = Field(ge=0)
+    experts_dgrad_s: float = Field(ge=0)
+    experts_wgrad_s: float = Field(ge=0)
+    probe: OverlapProbe
+    a2a_bytes_off_rank: int = Field(ge=0, description="bytes one rank sends to other ranks in one step (busiest rank)")
+    rows_received: int = Field(ge=0, description="routed rows the busiest rank's experts process per step (forward)")
+    expert_flops: int = Field(ge=0, description="expert GEMM FLOPs of one step (forward + dgrad + wgrad)")
+    a2a_calls: int = Field(ge=0)
+    count_exchanges: int = Field(ge=0)
+    rounds: int = Field(ge=1)
+    layers: int = Field(ge=1)
+    micro_batches: int = Field(ge=1)
+    model_of: str | None = Field(None, description="the mode whose trained model was replayed")
+
+
+class ModeBreakdown(_Model):
+    """One mode's step time split (see the module docstring); None where it cannot be derived."""
+
+    mode: str
+    step_s: float | None = Field(description="median step time after the warm-up step")
+    tokens_per_s: float | None = None
+    measured_ratio: float | None = Field(None, description="tokens/s over the baseline (paired median)")
+    compute_s: float | None = None
+    comm_s: float | None = None
+    exposed_comm_s: float | None = None
+    hidden_comm_s: float | None = None
+    overlap_efficiency: float | None = None
+    optimizer_s: float | None = Field(None, description="the optimizer update alone (median)")
+    peak_memory_bytes: int | None = Field(None, description="median over steps of the per-step peak (see StepRecord)")
+    predicted_ratio: float | None = Field(None, description="the estimator's tokens/s over the baseline")
+    prediction_error: float | None = Field(None, description="predicted / measured - 1")
+
+
+class Prediction(_Model):
+    """The estimator (skill/estimate) for this config and machine, beside the measured ratios."""
+
+    available: bool
+    reason: str = Field(description="what fed the estimator, or why there is no prediction")
+    overlap_efficiency: float | None = None
+    efficiency_source: str | None = None
+    request: dict[str, Any] | None = Field(None, description="the EstimateRequest, calibration included")
+    step_s: dict[str, float] = Field(default_factory=dict, description="predicted step time per estimator schedule")
+
+
+class Explanation(_Model):
+    """Why overlap paid or did not, from the measurement, and what would change it."""
+
+    pays: bool | None = Field(description="whether some overlap mode measured faster than the baseline "
+                                           "(outside its band); None without a comparison")
+    cause: str = Field(description="the measured cause, in one sentence")
+    what_would_change_it: list[str] = Field(default_factory=list)
+    comm_share: float | None = Field(None, description="comm / baseline step")
+    ceiling_ratio: float | None = Field(None, description="baseline step / (baseline step - min(comm, compute)): the "
+                                                          "best tokens/s ratio any overlap could reach")
+
+
+class Analysis(_Model):
+    """report.json's `analysis`: the pieces, the per-mode split, the prediction, the explanation."""
+
+    available: bool
+    reason: str | None = Field(None, description="why the split is missing (no pieces record, no baseline)")
+    pieces: StepPieces | None = None
+    modes: list[ModeBreakdown] = Field(default_factory=list)
+    prediction: Prediction
+    explanation: Explanation | None = None

@@ -1,0 +1,210 @@
+"""Why a verification's overlap paid or did not: the step split per mode, the estimator's prediction beside
+the measured ratio, and the measured cause in one sentence (torch-free; models in analysis_model.py).
+
+Inputs: the modes' step records, the throughput comparisons (judge.py) and the pieces record rank 0 wrote
+after training (verify/pieces.py). The split's definitions are in analysis_model.py's docstring.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from pydantic import ValidationError
+
+from moe_overlap.skill.estimate.model import BYTES
+from moe_overlap.verify.analysis_model import Analysis, Explanation, ModeBreakdown, Prediction, StepPieces
+from moe_overlap.verify.config import VerifyConfig
+from moe_overlap.verify.report_model import Criterion, ModeRun
+from moe_overlap.verify.run_calibration import calibration_from_pieces
+from moe_overlap.verify.throughput import WARMUP_STEPS
+
+# Estimator schedule of each mode (verify/modes.py: overlap takes the run's schedule).
+_ESTIMATOR_SCHEDULE = {"none": "none", "chunked": "chunked", "1f1b": "1f1b"}
+SMALL_COMM_SHARE = 0.10  # below this the all-to-all is too small a part of the step for overlap to matter
+POOR_EFFICIENCY = 0.30  # below this the probe says comm and compute mostly slow each other down
+NOISY_HALF_WIDTH = 0.05  # a band wider than +-5% around "no clear change" says noise, not a cause
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _kept(run: ModeRun) -> list:
+    return run.steps[WARMUP_STEPS:] or run.steps
+
+
+def _link_words(device: str, fabric: str, transport: str) -> str:
+    if device != "cuda":
+        return "gloo on CPU cores"
+    if fabric == "emulated-net":
+        return "NCCL's network transport (emulated inter-node link)"
+    return "copy engines over NVLink" if "copy engines" in transport else "NVLink (SM-driven NCCL all-to-all)"
+
+
+def _breakdown(runs: list[ModeRun], comparisons: dict[str, dict[str, Any]], pieces: StepPieces | None
+               ) -> list[ModeBreakdown]:
+    base = next((r for r in runs if r.mode == "baseline"), None)
+    base_step = _median([s.step_time_s for s in _kept(base)]) if base and base.steps else None
+    comm = pieces.comm_s if pieces else None
+    compute = max(0.0, base_step - comm) if base_step is not None and comm is not None else None
+    out = []
+    for run in runs:
+        kept = _kept(run)
+        step = _median([s.step_time_s for s in kept])
+        row = ModeBreakdown(mode=run.mode, step_s=step, tokens_per_s=_median([s.tokens_per_s for s in kept]),
+                            optimizer_s=_median([s.optimizer_s for s in kept if s.optimizer_s is not None]),
+                            peak_memory_bytes=int(statistics.median(s.peak_memory_bytes for s in kept))
+                            if kept else None, comm_s=comm, compute_s=compute)
+        c = comparisons.get(run.mode)
+        if c and "ratio" in c:
+            row.measured_ratio = c["ratio"]
+        elif run.mode == "baseline" and run.steps:
+            row.measured_ratio = 1.0
+        if step is not None and compute is not None and comm is not None:
+            row.exposed_comm_s = max(0.0, step - compute)
+            row.hidden_comm_s = max(0.0, comm - row.exposed_comm_s)
+            shorter = min(compute, comm)
+            row.overlap_efficiency = round((compute + comm - step) / shorter, 3) if shorter > 0 else None
+        out.append(row)
+    return out
+
+
+def _prediction(cfg: VerifyConfig, nproc: int, backend: str, pieces: StepPieces | None,
+                rows: list[ModeBreakdown], specs: dict[str, str]) -> Prediction:
+    from moe_overlap.skill.estimate.api import EstimateError, estimate_overlap_benefit, parse_request
+
+    if pieces is None:
+        return Prediction(available=False, reason="the step's pieces were not timed (run without --no-explain)")
+    base = next((r for r in rows if r.mode == "baseline"), None)
+    if base is None or base.compute_s is None:
+        return Prediction(available=False, reason="no baseline step time to split")
+    shape = {"hidden": cfg.hidden_size, "moe_ffn": cfg.moe_ffn_hidden_size, "tokens": cfg.micro_batch_size
+             * cfg.seq_length, "topk": cfg.moe_router_topk, "bytes": BYTES[cfg.precision]}
+    cal, note = calibration_from_pieces(pieces, backend=backend, world=nproc, precision=cfg.precision,
+                                        source="this run", shape=shape)
+    if cal is None:
+        return Prediction(available=False, reason=note)
+    layers_mb = cfg.num_layers * cfg.micro_batches
+    optimizer = base.optimizer_s or 0.0
+    # Everything the baseline computes besides the expert GEMMs and the optimizer (attention, router, gathers,
+    # norms, embedding, loss) is the estimator's per-layer "attention": forward once, backward twice.
+    rest = max(0.0, base.compute_s - pieces.experts_s - optimizer)
+    request = {"hidden": cfg.hidden_size, "moe_ffn": cfg.moe_ffn_hidden_size, "experts": cfg.num_moe_experts,
+               "topk": cfg.moe_router_topk, "tokens": cfg.micro_batch_size * cfg.seq_length, "ep": nproc,
+               "micro_batches": cfg.micro_batches, "layers": cfg.num_layers, "gpus_per_node": nproc,
+               "precision": cfg.precision, "chunks": max(2, cfg.chunks), "attn_ms": rest / (3 * layers_mb) * 1e3,
+               "other_ms": optimizer * 1e3, "overhead_ms": 0.0, "calibration": cal.model_dump()}
+    try:
+        result = estimate_overlap_benefit(parse_request(request))
+    except (EstimateError, ValidationError) as exc:
+        return Prediction(available=False, reason=f"the estimator refused this shape: {exc}")
+    steps = {s.name: s.step_ms / 1e3 for s in result.schedules}
+    for row in rows:
+        if row.mode == "baseline":
+            continue  # the reference: its predicted ratio is 1 by definition
+        name = "1f1b+wgrad" if row.mode == "overlap+wgrad" else _ESTIMATOR_SCHEDULE.get(specs.get(row.mode, ""))
+        if name in steps and steps[name] > 0:
+            row.predicted_ratio = round(steps["none"] / steps[name], 4)
+            if row.measured_ratio:
+                row.prediction_error = round(row.predicted_ratio / row.measured_ratio - 1.0, 4)
+    return Prediction(available=True, reason="estimator (skill/estimate) fed by this run's pieces: " + cal.source,
+                      overlap_efficiency=cal.overlap_efficiency, efficiency_source=note, request=request,
+                      step_s=steps)
+
+
+def _explanation(rows: list[ModeBreakdown], comparisons: dict[str, dict[str, Any]], pieces: StepPieces | None,
+                 cfg: VerifyConfig, nproc: int, device: str, fabric: str, transport: str) -> Explanation | None:
+    base = next((r for r in rows if r.mode == "baseline"), None)
+    others = [r for r in rows if r.mode != "baseline" and r.measured_ratio is not None]
+    if base is None or base.step_s is None or len(rows) < 2:
+        return None
+    link = _link_words(device, fabric, transport)
+    pays = any(comparisons.get(r.mode, {}).get("change") == "faster" for r in others)
+    if pieces is None or base.compute_s is None:
+        return Explanation(pays=pays if others else None, cause="the step's pieces were not timed: no split to "
+                                                                "explain the ratio with")
+    share = pieces.comm_s / base.step_s if base.step_s else 0.0
+    shorter = min(pieces.comm_s, base.compute_s)
+    ceiling = base.step_s / (base.step_s - shorter) if base.step_s > shorter else None
+    if not others:
+        return Explanation(pays=None, comm_share=round(share, 4), ceiling_ratio=round(ceiling, 4) if ceiling else None,
+                           cause=f"throughput was not compared (too few steps after the warm-up); all-to-all is "
+                                 f"{share:.0%} of the step on {link}" + (f", so overlap could reach x{ceiling:.2f} "
+                                                                         "at best" if ceiling else ""),
+                           what_would_change_it=["more steps (--steps 8 or more) to compare the modes"])
+    best = max(others, key=lambda r: r.measured_ratio)
+    probe = pieces.probe.overlap_efficiency
+    ms = 1e3
+    if pays:
+        cause = (f"all-to-all is {share:.0%} of the step on {link} ({pieces.comm_s * ms:.1f} of "
+                 f"{base.step_s * ms:.1f} ms); {best.mode} hid {best.hidden_comm_s * ms:.1f} ms of it "
+                 f"(x{best.measured_ratio:.3f}, at most x{ceiling:.2f} if all of it were hidden)"
+                 if best.hidden_comm_s is not None and ceiling else
+                 f"all-to-all is {share:.0%} of the step on {link}; {best.mode} measured x{best.measured_ratio:.3f}")
+        return Explanation(pays=True, cause=cause, comm_share=round(share, 4),
+                           ceiling_ratio=round(ceiling, 4) if ceiling else None)
+    best_c = comparisons.get(best.mode, {})
+    noisy = best_c.get("change") == "no clear change" and best_c.get("half_width", 0.0) > NOISY_HALF_WIDTH
+    if share < SMALL_COMM_SHARE:
+        cause = (f"all-to-all is {share:.0%} of the step on {link} ({pieces.comm_s * ms:.1f} of "
+                 f"{base.step_s * ms:.1f} ms); overlap can hide at most that (x{ceiling:.2f} at best)")
+    elif noisy:
+        steps = best_c.get("steps_to_settle")
+        cause = (f"the steps are too noisy to tell: {best.mode} measured x{best.measured_ratio:.3f} with a band of "
+                 f"x{best_c.get('band_low', 0):.3f}-x{best_c.get('band_high', 0):.3f}, while all-to-all is "
+                 f"{share:.0%} of the step on {link} (x{ceiling:.2f} if all of it were hidden)"
+                 + (f"; about {steps} steps per mode would settle it" if steps else ""))
+    elif probe is not None and probe < POOR_EFFICIENCY:
+        why = ("the all-to-all kernels take SMs the expert GEMMs need" if device == "cuda" and link.startswith("NVLink")
+               else "gloo's all-to-all thread competes with the compute for the same CPU cores" if device != "cuda"
+               else "the transfers and the GEMMs share the GPU")
+        cause = (f"all-to-all is {share:.0%} of the step on {link}, but run beside the expert GEMMs it hides "
+                 f"{max(probe, 0.0):.0%} of the shorter of the two (overlap probe: {why})")
+    else:
+        extra = best.step_s - base.step_s if best.step_s is not None else 0.0
+        cause = (f"all-to-all is {share:.0%} of the step on {link} and the probe hides "
+                 f"{probe if probe is not None else 0:.0%} of it beside the GEMMs, but {best.mode}'s schedule costs "
+                 f"more than it hides (step {extra * ms:+.1f} ms against the baseline: smaller kernels, waits "
+                 f"between micro-batches)")
+    change = []
+    if noisy:
+        steps = best_c.get("steps_to_settle")
+        change.append((f"more steps (--steps {steps})" if steps else "more steps") +
+                      " or a quieter machine: the step-to-step noise hides the difference")
+    if share < 0.5:
+        change.append(f"more EP ranks (EP {nproc} now): each all-to-all sends (N-1)/N of its rows off the rank, "
+                      "and beyond one node they cross the network")
+    if device == "cuda" and fabric == "native":
+        change.append("an inter-node fabric: over a network-like link the all-to-all uses no SMs and overlaps "
+                      "almost fully (see it on one host with --fabric emulated-net)")
+        if "copy engines" not in transport:
+            change.append("copy-engine all-to-alls (--a2a ce): NVLink transfers without SMs")
+    if device != "cuda":
+        change.append("GPUs (--device cuda): on CPU ranks communication and compute share the same cores")
+    change.append(f"a larger batch (micro-batches {cfg.micro_batches}, {cfg.micro_batch_size * cfg.seq_length} "
+                  "tokens each now): more compute to pair with each all-to-all, the same fixed costs")
+    return Explanation(pays=False, cause=cause, what_would_change_it=change, comm_share=round(share, 4),
+                       ceiling_ratio=round(ceiling, 4) if ceiling else None)
+
+
+def build_analysis(cfg: VerifyConfig, *, nproc: int, device: str, backend: str, fabric: str, transport: str,
+                   runs: list[ModeRun], throughput: Criterion | None, pieces_record: dict[str, Any] | None,
+                   schedules: dict[str, str], explain: bool = True) -> Analysis:
+    comparisons = {c["mode"]: c for c in (throughput.evidence.get("comparisons", []) if throughput else [])}
+    pieces, reason = None, None
+    if pieces_record is not None:
+        try:
+            pieces = StepPieces.model_validate({k: v for k, v in pieces_record.items()
+                                                if k in StepPieces.model_fields})
+        except ValidationError as exc:
+            reason = f"the pieces record is damaged: {exc.errors()[0]['msg']}"
+    elif not explain:
+        reason = "run with --no-explain: the step's pieces were not timed"
+    else:
+        reason = "no pieces record: the run stopped before the end of training"
+    rows = _breakdown(runs, comparisons, pieces)
+    prediction = _prediction(cfg, nproc, backend, pieces, rows, schedules)
+    explanation = _explanation(rows, comparisons, pieces, cfg, nproc, device, fabric, transport)
+    return Analysis(available=pieces is not None, reason=reason, pieces=pieces, modes=rows, prediction=prediction,
+                    explanation=explanation)

@@ -1,0 +1,102 @@
+"""A finished verification run as the estimator's calibration (torch-free).
+
+The run's pieces (verify/pieces.py: the step's all-to-alls, count exchanges and expert GEMMs timed alone, and
+the overlap probe) are rates of this machine and this transport, measured in the ranks that trained:
+
+  expert_tflops       expert GEMM FLOPs of one step / their time alone
+  a2a_latency_us      one count exchange (a few bytes per rank): the fixed cost of one collective
+  a2a_gbps            bytes one rank sends off-rank per all-to-all / (its time alone - that latency)
+  overlap_efficiency  the probe's hidden share (one dispatch beside one expert forward), clipped to [0, 1]
+
+`moe-overlap estimate --from-run DIR` feeds them to the estimator for any shape; the report's own prediction
+(verify/explain.py) uses them for the run's shape.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from moe_overlap.skill.estimate.model import Calibration
+from moe_overlap.verify.analysis_model import StepPieces
+
+
+class RunCalibrationError(ValueError):
+    """The run folder or report cannot feed the estimator (names what is missing and the fix)."""
+
+
+def balanced_work(shape: dict[str, Any], world: int, micro_batches: int, layers: int) -> tuple[float, float]:
+    """(expert FLOPs per step, off-rank bytes per all-to-all) of a shape under balanced routing: the
+    estimator's own counting (skill/estimate/api.py)."""
+    routed = shape["tokens"] * shape["topk"]
+    flops = 18.0 * shape["hidden"] * shape["moe_ffn"] * routed * micro_batches * layers
+    return flops, routed * shape["hidden"] * shape["bytes"] * (world - 1) / world
+
+
+def calibration_from_pieces(pieces: StepPieces, *, backend: str, world: int, precision: str, source: str,
+                            shape: dict[str, Any] | None = None) -> tuple[Calibration | None, str]:
+    """(calibration, note); None with the reason when the pieces cannot give the rates (EP 1, nothing timed).
+
+    Without ``shape``: the machine's rates (the busiest rank's FLOPs and bytes over their times), for any shape.
+    With the run's ``shape`` (hidden, moe_ffn, tokens, topk, bytes): effective rates, the run's pieces divided
+    into the work the estimator counts for that shape (balanced routing), so that the estimate of this very run
+    reproduces its measured pieces, routing imbalance included.
+    """
+    if world < 2 or pieces.a2a_calls == 0 or pieces.a2a_bytes_off_rank == 0:
+        return None, "EP 1: no all-to-all was measured (nothing to overlap)"
+    if pieces.experts_s <= 0 or pieces.expert_flops <= 0:
+        return None, "the expert GEMMs were not timed"
+    per_call = pieces.a2a_s / pieces.a2a_calls
+    latency = pieces.count_exchange_s / pieces.count_exchanges if pieces.count_exchanges else 0.0
+    # The count exchange also copies counts to the host: never let it claim more than half an all-to-all.
+    latency = min(latency, 0.5 * per_call)
+    flops, per_call_bytes = pieces.expert_flops, pieces.a2a_bytes_off_rank / pieces.a2a_calls
+    kind = "rates"
+    if shape is not None:
+        flops, per_call_bytes = balanced_work(shape, world, pieces.micro_batches, pieces.layers)
+        kind = "effective rates for the run's shape (its routing imbalance included)"
+    gbps = per_call_bytes / (per_call - latency) / 1e9
+    eff = pieces.probe.overlap_efficiency
+    tflops = flops / pieces.experts_s / 1e12
+    cal = Calibration(
+        expert_tflops=tflops, dense_tflops=tflops, a2a_gbps=gbps, a2a_latency_us=latency * 1e6,
+        overlap_efficiency=min(1.0, max(0.0, eff)) if eff is not None else 0.0, overhead_ms=0.0,
+        source=f"{source}: {backend}, {world} ranks, {precision}; {kind} from the pieces timed alone after "
+               f"training (median of {pieces.rounds} rounds, slowest rank); router GEMMs at the expert rate",
+    )
+    note = ("overlap efficiency from the run's overlap probe" if eff is not None
+            else "no overlap probe: efficiency 0")
+    if eff is not None and not 0.0 <= eff <= 1.0:
+        note += f" (measured {eff:.2f}, clipped to [0, 1])"
+    return cal, note
+
+
+def load_run(path: str | Path) -> dict[str, Any]:
+    """report.json of a verification run (a folder or the file itself)."""
+    path = Path(path)
+    report = path / "report.json" if path.is_dir() else path
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunCalibrationError(f"{report}: not a readable verification report ({exc})") from None
+    if data.get("format") != "moe-overlap-verification-report":
+        raise RunCalibrationError(f"{report}: not a moe-overlap verification report")
+    return data
+
+
+def calibration_from_run(path: str | Path) -> tuple[Calibration, dict[str, Any]]:
+    """The calibration a finished run gives, and the run's config (to compare shapes)."""
+    data = load_run(path)
+    pieces = (data.get("analysis") or {}).get("pieces")
+    if not pieces:
+        raise RunCalibrationError(f"{path}: the run has no timed pieces (it ran with --no-explain, stopped before "
+                                  "the end of training, or predates them): run `moe-overlap verify` again")
+    env, cfg = data.get("environment") or {}, data.get("config") or {}
+    cal, note = calibration_from_pieces(StepPieces.model_validate(pieces), backend=env.get("backend", "?"),
+                                        world=int(env.get("nproc") or 1), precision=cfg.get("precision", "?"),
+                                        source=f"verification run {data.get('out_dir', path)} "
+                                               f"({data.get('started_at', '?')})")
+    if cal is None:
+        raise RunCalibrationError(f"{path}: {note}")
+    return cal, cfg
