@@ -98,6 +98,9 @@ def derive(res: dict, chunk_list: list[int]) -> dict:
     pair = "layer_pair: fwd of micro-batch k+1 with bwd of micro-batch k"
     row("1f1b", "nodes", None, None, _med(t, "1f1b/pair"), pair)
     row("1f1b+wgrad", "nodes", None, None, _med(t, "1f1b+wgrad/pair"), pair + ", expert wgrad deferred")
+    if "1f1b counts-on-data-group/pair" in t:  # EP > 1: the host counts group's share, measured alone
+        row("1f1b-devcnt", "nodes", None, None, _med(t, "1f1b counts-on-data-group/pair"),
+            pair + ", token counts over the data group on the device (before this round)")
     return {"alone": alone, "hideable_ms": hideable, "rows": rows}
 
 

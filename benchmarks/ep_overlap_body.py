@@ -114,10 +114,13 @@ def _layer_rows(layer, block, x0, x1, gout, clock, comm, chunk_list):
     run = LayerRun(block, ctx, 0.0)
     clock("nodes/fwd", lambda: layer_forward(run, x_BSD))
     clock("nodes/bwd", lambda: layer_backward(run, g_BSD, None))
-    for key, delay in (("1f1b", False), ("1f1b+wgrad", True)):
+    pairs = [("1f1b", False, extra), ("1f1b+wgrad", True, extra)]
+    if comm.counts_group is not None:  # ablation: the token counts over the data communicator, on the device
+        pairs.append(("1f1b counts-on-data-group", False, dict(extra, counts_group=None)))
+    for key, delay, kw in pairs:
         layer.zero_grad(set_to_none=True)
         store = WgradStore() if delay else None
-        ctx = NodeContext(group=group, comm_stream=stream, store=store, grad_scale=1.0, **extra)
+        ctx = NodeContext(group=group, comm_stream=stream, store=store, grad_scale=1.0, **kw)
         b, f = LayerRun(block, ctx, 0.0), LayerRun(block, ctx, 0.0)
         layer_forward(b, x_BSD)  # micro-batch k's forward, untimed
         clock(f"{key}/pair", lambda f=f, b=b, store=store: layer_pair(f, b, x1_BSD, g_BSD, store))
