@@ -13,19 +13,24 @@ _FIELDS = {
     "precision": "precision", "fabric": "fabric", "intra_gbps": "intra_gbps", "inter_gbps": "inter_gbps",
     "a2a_efficiency": "a2a_efficiency", "gpu_preset": "gpu_preset", "tflops": "tflops",
     "dense_tflops": "dense_tflops", "mem_gbps": "mem_gbps", "attn_ms": "attn_ms", "other_ms": "other_ms",
-    "chunks": "chunks", "overlap_efficiency": "overlap_efficiency",
+    "chunks": "chunks", "overlap_efficiency": "overlap_efficiency", "model": "model", "seq_length": "seq_length",
 }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from moe_overlap.skill.estimate.hardware import GPUS, LINKS
+    from moe_overlap.skill.estimate.models import MODELS
 
     g = p.add_argument_group("shape (per rank)")
-    g.add_argument("--hidden", type=int, required=True, help="hidden size D")
-    g.add_argument("--moe-ffn", type=int, required=True, help="expert FFN size F")
-    g.add_argument("--experts", type=int, required=True, help="routed experts E")
-    g.add_argument("--topk", type=int, required=True, help="experts per token K")
+    g.add_argument("--model", help="model preset (shapes from its public config, cited in the result): "
+                   + ", ".join(sorted(MODELS)) + "; fills --hidden, --moe-ffn, --experts, --topk, --layers and the "
+                   "attention time unless given")
+    g.add_argument("--hidden", type=int, help="hidden size D (required without --model)")
+    g.add_argument("--moe-ffn", type=int, help="expert FFN size F (required without --model)")
+    g.add_argument("--experts", type=int, help="routed experts E (required without --model)")
+    g.add_argument("--topk", type=int, help="experts per token K (required without --model)")
     g.add_argument("--tokens", type=int, required=True, help="tokens per rank per micro-batch (seq x mbs)")
+    g.add_argument("--seq-length", type=int, help="sequence length for a model preset's attention (default --tokens)")
     g.add_argument("--ep", type=int, required=True, help="expert-parallel degree")
     g.add_argument("--micro-batches", type=int, help="micro-batches per step (1f1b needs >= 2; default 1)")
     g.add_argument("--layers", type=int, help="MoE layers (default 1)")
@@ -41,9 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--tflops", type=float, help="expert GEMM TFLOP/s")
     h.add_argument("--dense-tflops", type=float, help="router/dense GEMM TFLOP/s (default: --tflops)")
     h.add_argument("--mem-gbps", type=float, help="memory-bound kernel GB/s")
-    h.add_argument("--overlap-efficiency", type=float, help="0..1, share of overlap achieved (default 1)")
+    h.add_argument("--overlap-efficiency", type=float,
+                   help="0..1, share of overlap achieved (default: the fabric preset's measured value, else the "
+                        "calibration's, else 1)")
     h.add_argument("--calibrate", action="store_true",
                    help="measure this machine (GEMM, memory, all-to-all, overlap) with 2 spawned ranks and use it")
+    h.add_argument("--from-run", metavar="DIR", help="use the rates a finished `moe-overlap verify` run measured "
+                   "(its report.json: expert GEMM rate, all-to-all bandwidth and latency, overlap probe)")
     h.add_argument("--calibrate-backend", choices=["gloo", "nccl"], help="default: nccl on CUDA, else gloo")
     o = p.add_argument_group("model")
     o.add_argument("--attn-ms", type=float, help="attention/dense forward ms per layer and micro-batch")
@@ -60,6 +69,17 @@ def run(args: argparse.Namespace) -> int:
     if args.link_gbps is not None:
         data.setdefault("intra_gbps", args.link_gbps)
         data.setdefault("inter_gbps", args.link_gbps)
+    if args.calibrate and args.from_run:
+        raise CommandError("--calibrate and --from-run both give the machine's rates", field="from_run",
+                           fix="keep one of them")
+    if args.from_run:
+        from moe_overlap.verify.run_calibration import RunCalibrationError, calibration_from_run
+
+        try:
+            data["calibration"] = calibration_from_run(args.from_run)[0].model_dump()
+        except RunCalibrationError as exc:
+            raise CommandError(str(exc), field="from_run",
+                               fix="give the --out folder of a finished `moe-overlap verify` run") from None
     if args.calibrate_backend and not args.calibrate:
         raise CommandError("--calibrate-backend only applies to a calibration run", field="calibrate_backend",
                            fix="add --calibrate, or drop --calibrate-backend")

@@ -114,15 +114,17 @@ def test_calibration_feeds_the_rates():
     assert any("calibration" in s for s in h.sources)
 
 
-def test_presets_win_over_calibration_and_keep_their_efficiency():
+def test_presets_win_over_calibration_efficiency_included():
     cal = Calibration(expert_tflops=0.03, dense_tflops=0.04, mem_gbps=5, perm_ns_per_elem=9, act_ns_per_elem=9,
                       wgrad_ns_per_weight=9, a2a_gbps=0.3, a2a_latency_us=800, overlap_efficiency=0.4,
                       source="test")
     r = est(calibration=cal.model_dump())  # BASE has fabric and gpu presets
     h = r.hardware
     assert h.intra_gbps == pytest.approx(450 * 0.75) and h.intra_latency_us == 15.0
-    assert h.expert_tflops == 490.0 and h.perm_ns_per_elem is None and h.act_ns_per_elem is None
-    assert h.overlap_efficiency == 0.4  # no preset for it: the measured value is used
+    assert h.expert_tflops == 642.6 and h.perm_ns_per_elem is None and h.act_ns_per_elem is None
+    # The fabric names the target machine: its link's efficiency, not the calibrated machine's.
+    assert h.overlap_efficiency == 0.0 and h.efficiency_source.startswith("h100-nvlink preset")
+    assert est(calibration=cal.model_dump(), fabric=None, intra_gbps=300.0).hardware.overlap_efficiency == 0.4
 
 
 # ------------------------------------------------------------------ schedule properties

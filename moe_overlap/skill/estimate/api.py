@@ -27,6 +27,7 @@ from moe_overlap.skill.estimate.model import (
     ResolvedHardware,
     ScheduleEstimate,
 )
+from moe_overlap.skill.estimate.models import MODELS, model_preset
 from moe_overlap.skill.estimate.text import assumptions
 from moe_overlap.skill.estimate.timeline import NodeTimes, blend, layer_timeline, one_f_one_b_timeline
 
@@ -46,6 +47,10 @@ class EstimateError(ValueError):
 
 def check_request(req: EstimateRequest) -> None:
     """Cross-field checks (field-level ranges are pydantic's); raises EstimateError naming the field."""
+    for name in ("hidden", "moe_ffn", "experts", "topk"):
+        if getattr(req, name) is None:
+            raise EstimateError(name, "is required unless a model preset gives it",
+                                f"give {name}, or model (one of {', '.join(sorted(MODELS))})", choices=sorted(MODELS))
     if req.topk > req.experts:
         raise EstimateError("topk", f"top-k {req.topk} is larger than the number of experts {req.experts}",
                             "set topk <= experts")
@@ -110,7 +115,7 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
         sources.append(f"{gpu.name}: {gpu.source}")
         if req.precision == "fp32":
             raise EstimateError("precision", "GPU presets are bf16/fp16 measurements", "pass tflops for fp32")
-    tflops = req.tflops or (gpu.expert_tflops if gpu else None) or (cal.expert_tflops if cal else None)
+    tflops = req.tflops or (gpu.expert_tflops_for(req.model) if gpu else None) or (cal.expert_tflops if cal else None)
     if tflops is None:
         raise EstimateError("gpu_preset", "no GEMM throughput", "pass gpu_preset (h100, h200), tflops, or calibrate",
                             choices=sorted(hw.GPUS))
@@ -129,10 +134,34 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
         perm_ns_per_elem=per_elem.perm_ns_per_elem if per_elem else None,
         wgrad_ns_per_weight=per_elem.wgrad_ns_per_weight if per_elem else None, overhead_ms=overhead,
         intra_latency_us=intra_lat, inter_latency_us=inter_lat,
-        overlap_efficiency=req.overlap_efficiency if req.overlap_efficiency is not None
-        else (cal.overlap_efficiency if cal else 1.0),
-        sources=sources,
+        **_overlap_efficiency(req, intra, inter, multi_node), sources=sources,
     )
+
+
+def _overlap_efficiency(req: EstimateRequest, intra: hw.LinkPreset | None, inter: hw.LinkPreset | None,
+                        multi_node: bool) -> dict:
+    """Explicit, else the link preset that carries the traffic (the inter-node one when EP spans nodes: its
+    bandwidth is several times lower, so it sets the all-to-all time), else the calibration, else 1.0."""
+    if req.overlap_efficiency is not None:
+        return {"overlap_efficiency": req.overlap_efficiency, "efficiency_source": "given"}
+    link = inter if multi_node and inter else intra if not multi_node else None
+    if link is not None:
+        return {"overlap_efficiency": link.overlap_efficiency,
+                "efficiency_source": f"{link.name} preset ({link.efficiency_source})"}
+    if req.calibration is not None:
+        return {"overlap_efficiency": req.calibration.overlap_efficiency,
+                "efficiency_source": f"calibration ({req.calibration.source})"}
+    return {"overlap_efficiency": 1.0, "efficiency_source": "no link preset or calibration: 1.0, an upper bound"}
+
+
+def attention_ms(req: EstimateRequest, dense_tflops: float) -> float:
+    """attn_ms as given, else a model preset's attention forward FLOPs at the dense rate, else 0."""
+    if req.attn_ms is not None:
+        return req.attn_ms
+    if req.model is None:
+        return 0.0
+    flops = model_preset(req.model).attn_fwd_flops(req.tokens, req.seq_length or req.tokens)
+    return flops / (dense_tflops * 1e12) * 1e3
 
 
 def _per_layer(req: EstimateRequest, h: ResolvedHardware) -> PerLayer:
@@ -172,7 +201,8 @@ def _per_layer(req: EstimateRequest, h: ResolvedHardware) -> PerLayer:
         a2a_ms=link * ms, a2a_latency_ms=latency,
         expert_fwd_ms=gemm_fwd / (h.expert_tflops * 1e12) * ms,
         router_fwd_ms=router_fwd / (h.dense_tflops * 1e12) * ms,
-        permute_ms=perm_ms, activation_ms=act_ms, wgrad_write_ms=wgrad_write_ms, attn_fwd_ms=req.attn_ms, overhead_ms=h.overhead_ms,
+        permute_ms=perm_ms, activation_ms=act_ms, wgrad_write_ms=wgrad_write_ms, attn_fwd_ms=attention_ms(req, h.dense_tflops),
+        overhead_ms=h.overhead_ms,
     )
 
 
@@ -256,9 +286,9 @@ def _recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer,
                        "with (warning single-micro-batch); only the chunked schedule can help")
     if best.name.startswith("1f1b"):
         reasons.append("1f1b keeps a second micro-batch's activations alive: check memory headroom")
-    if h.overlap_efficiency >= 1.0:
+    if h.overlap_efficiency >= 1.0 and h.efficiency_source.startswith("no link preset"):
         reasons.append("overlap efficiency 1.0 is an upper bound (comm kernels take SMs/cores in practice); "
-                       "run with calibrate for this machine's value")
+                       "name the fabric, or run with calibrate for this machine's value")
     return EstimateResult(
         request=req, hardware=h, per_layer=p, schedules=scheds, comm_share=comm_share,
         recommended_schedule=best.name, predicted_speedup=best.speedup, recommendation=decision,

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from moe_overlap.skill.estimate.models import MODELS, model_preset
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -41,11 +43,17 @@ class EstimateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf would print as JSON-invalid Infinity
 
-    hidden: int = Field(gt=0, description="hidden size D")
-    moe_ffn: int = Field(gt=0, description="expert FFN hidden size F (w1 is [D, 2F], w2 is [F, D])")
-    experts: int = Field(gt=0, description="number of routed experts E")
-    topk: int = Field(gt=0, description="experts per token K")
+    model: str | None = Field(None, description="model preset (shapes from its public config): "
+                                                + ", ".join(sorted(MODELS)) + "; fills hidden, moe_ffn, experts, "
+                                                "topk, layers and the attention time unless given")
+    hidden: int | None = Field(None, gt=0, description="hidden size D (required unless model is given)")
+    moe_ffn: int | None = Field(None, gt=0, description="expert FFN hidden size F (w1 is [D, 2F], w2 is [F, D]); "
+                                                        "required unless model is given")
+    experts: int | None = Field(None, gt=0, description="number of routed experts E (required unless model is given)")
+    topk: int | None = Field(None, gt=0, description="experts per token K (required unless model is given)")
     tokens: int = Field(gt=0, description="tokens per rank per micro-batch (sequence length x micro-batch size)")
+    seq_length: int | None = Field(None, gt=0, description="sequence length for a model preset's causal attention "
+                                                           "(default: tokens, i.e. micro-batch size 1)")
     ep: int = Field(gt=0, description="expert-parallel degree N")
     micro_batches: int = Field(1, gt=0, description="micro-batches per step (1f1b needs >= 2)")
     layers: int = Field(1, gt=0, description="MoE layers (step times scale with it)")
@@ -59,7 +67,9 @@ class EstimateRequest(BaseModel):
     tflops: float | None = Field(None, gt=0, description="expert GEMM TFLOP/s (overrides the preset)")
     dense_tflops: float | None = Field(None, gt=0, description="router/dense GEMM TFLOP/s (default: tflops)")
     mem_gbps: float | None = Field(None, gt=0, description="memory-bound kernel GB/s (permute, activation)")
-    attn_ms: float = Field(0.0, ge=0, description="attention/dense forward time per layer per micro-batch")
+    attn_ms: float | None = Field(None, ge=0, description="attention/dense forward time per layer per micro-batch; "
+                                                          "default: a model preset's attention FLOPs at the dense "
+                                                          "rate, else 0")
     overhead_ms: float | None = Field(None, ge=0, description="fixed host cost per layer per micro-batch (fwd+bwd); "
                                       "default: the calibration's, else 0")
     other_ms: float = Field(0.0, ge=0, description="time per step outside the layers, never overlapped")
@@ -69,6 +79,21 @@ class EstimateRequest(BaseModel):
                                              description="1: overlapped comm costs compute nothing; 0: no overlap")
     calibration: Calibration | None = None
 
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str | None) -> str | None:
+        return None if v is None else model_preset(v).name  # ValueError names the choices
+
+    @model_validator(mode="after")
+    def _from_model(self) -> EstimateRequest:
+        if self.model is not None:
+            p = model_preset(self.model)
+            for name in ("hidden", "moe_ffn", "experts", "topk"):
+                if getattr(self, name) is None:
+                    setattr(self, name, getattr(p, name))
+            if "layers" not in self.model_fields_set:
+                self.layers = p.layers
+        return self
 
 
 class ResolvedHardware(BaseModel):
@@ -87,6 +112,7 @@ class ResolvedHardware(BaseModel):
     intra_latency_us: float
     inter_latency_us: float
     overlap_efficiency: float
+    efficiency_source: str = Field("", description="where the overlap efficiency comes from")
     sources: list[str]
 
 
@@ -108,7 +134,8 @@ class PerLayer(BaseModel):
     activation_ms: float = Field(description="SwiGLU elementwise work, forward + backward")
     wgrad_write_ms: float = Field(description="writing + accumulating the local experts' weight gradients, per "
                                   "wgrad pass (a chunked backward pays it once per chunk)")
-    attn_fwd_ms: float
+    attn_fwd_ms: float = Field(description="attention forward per layer and micro-batch (given, or a model "
+                                           "preset's FLOPs at the dense rate)")
     overhead_ms: float
 
 

@@ -31,11 +31,14 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
         "each weight-gradient pass writes all local expert weight gradients (a chunked backward pays that once "
         "per chunk)" + (f": {h.wgrad_ns_per_weight:g} ns per weight (calibrated)" if h.wgrad_ns_per_weight is not None
                         else ": 3 accesses per weight at the memory rate"),
-        f"attention/dense forward {req.attn_ms:g} ms per layer and micro-batch, backward twice that",
+        (f"attention/dense forward {req.attn_ms or 0:g} ms per layer and micro-batch, backward twice that"
+         if req.attn_ms is not None or req.model is None else
+         f"attention forward from {req.model}'s shape: its FLOPs at {h.dense_tflops:g} TFLOP/s (sequence "
+         f"{req.seq_length or req.tokens}, causal), backward twice that"),
         "the forward dispatch first exchanges token counts (one more all-to-all latency)",
-        f"overlap efficiency {h.overlap_efficiency:.2f}: step = serial - efficiency x (serial - ideal two-stream "
-        "makespan); 1.0 means communication never slows compute (an upper bound on GPUs, where comm kernels "
-        "occupy SMs)",
+        f"overlap efficiency {h.overlap_efficiency:.2f} ({h.efficiency_source}): step = serial - efficiency x "
+        "(serial - ideal two-stream makespan); 1.0 means communication never slows compute, 0 that nothing "
+        "overlaps (an SM-driven all-to-all beside compute-bound GEMMs)",
         "1f1b: Megatron-Core's pairing (forward of micro-batch k+1 with backward of k, forward layer i with "
         "backward layer L-1-i, first forward and last backward alone); all layers identical",
         "1f1b+wgrad: the backward dispatch waits only for dgrad; expert wgrad runs beside it",
@@ -43,6 +46,11 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
         "optimizer step, shared experts, recomputation, kernel launch gaps"
         + (f"; other_ms={req.other_ms:g} per step added unchanged to every schedule" if req.other_ms else ""),
     ]
+    if req.model:
+        from moe_overlap.skill.estimate.models import model_preset
+
+        p = model_preset(req.model)
+        out.append(f"shape of {p.name}: {p.source}" + (f"; {p.note}" if p.note else ""))
     if h.overhead_ms:
         out.append(f"fixed host cost {h.overhead_ms:g} ms per layer and micro-batch (never overlapped)")
     return out

@@ -7,7 +7,8 @@ The makespan of that list is the step time if communication never slows computat
 (``ideal``). ``serial`` is the sum of all durations (nothing overlaps). Real machines sit between
 the two: :func:`blend` interpolates with an overlap efficiency measured by the calibration.
 
-Node names follow Megatron-Core's EP-overlap split of a layer (ANCHORS.md section 3): ``pre`` (attention,
+Node names follow Megatron-Core's EP-overlap split of a layer (megatron/core/models/common/
+model_chunk_schedule_plan.py, TransformerLayerSchedulePlan): ``pre`` (attention,
 router, permute), ``dispatch`` (all-to-all), ``mlp`` (expert GEMMs), ``combine`` (all-to-all), ``post``
 (unpermute, weighted sum). Suffix ``_f`` forward, ``_b`` backward.
 """
@@ -107,7 +108,7 @@ def layer_timeline(n: NodeTimes, chunks: int = 1, chunk_backward: bool = True) -
 
 
 def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wgrad: bool) -> Timeline:
-    """Megatron-Core's cross-micro-batch overlap (ANCHORS.md section 3) for a stack of identical layers.
+    """Megatron-Core's cross-micro-batch overlap (model_chunk_schedule_plan.py) for a stack of identical layers.
 
     Forward of micro-batch k+1 runs with backward of micro-batch k, forward layer i paired with backward
     layer L-1-i; the first forward and the last backward run alone. Per layer pair the compute stream
