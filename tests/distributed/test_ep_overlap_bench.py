@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "ep_overlap.py"
-ROWS = ["none", "chunked:2", "chunked:4", "nodes", "1f1b", "1f1b+wgrad"]
+ROWS = ["none", "chunked:2", "chunked:4", "nodes", "1f1b", "1f1b+wgrad", "1f1b-devcnt"]
 
 
 def _module():
