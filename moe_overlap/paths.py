@@ -1,4 +1,4 @@
-"""Where the data folders (skills/, schemas/, docs/, examples/) are.
+"""Where the data folders (skills/, schemas/, docs/) and the example configs are.
 
 From a checkout they sit at the top of the repository, beside the package; in an installed wheel
 they are packaged under ``moe_overlap/_data`` (pyproject's force-include). Both layouts are looked up
@@ -15,7 +15,7 @@ _PKG = Path(__file__).resolve().parent
 
 @lru_cache(maxsize=1)
 def data_root() -> Path:
-    """The folder holding skills/, schemas/, docs/ and examples/."""
+    """The folder holding skills/, schemas/ and docs/."""
     packaged = _PKG / "_data"
     if (packaged / "skills").is_dir():
         return packaged
@@ -40,4 +40,6 @@ def docs_dir() -> Path:
 
 
 def examples_dir() -> Path:
-    return data_root() / "examples"
+    """The example configs. They live in the skill folder (assets/), so the skill is complete when copied
+    alone; a checkout's top-level examples/ is a link to it."""
+    return skills_dir() / "perf-expert-parallel-overlap" / "assets"

@@ -66,7 +66,8 @@ class ValidateConfigInput(_ConfigSource):
         description="dotted key=value overrides applied on top, e.g. 'model.expert_model_parallel_size=8'")
     torch_version: str | None = Field(None, max_length=32, description="PyTorch version of the target, e.g. '2.6.0'")
     te_version: str | None = Field(None, max_length=32, description="Transformer Engine version, e.g. '2.7.0'")
-    megatron_core_version: str | None = Field(None, max_length=32, description="Megatron-Core version, e.g. '0.14.0'")
+    megatron_core_version: str | None = Field(None, max_length=32, description=(
+        "Megatron-Core version, e.g. '0.19.2' (rules known for 0.16-0.19; another gets the nearest and a warning)"))
     gpu: str | None = Field(None, max_length=64, description="GPU of the target, e.g. 'H100' or 'B200'")
     env: dict[str, str] | None = Field(
         None, description="environment variables of the target job (e.g. CUDA_DEVICE_MAX_CONNECTIONS)")

@@ -273,7 +273,7 @@ def test_references_exist(card):
     from moe_overlap.paths import data_root
 
     assert (CARD.parent / card.references.skill_md).is_file()
-    assert (data_root() / card.references.docs).is_file()
+    assert (CARD.parent / card.references.docs).is_file()
     assert (data_root() / card.references.schema_file).is_file()
 
 
@@ -287,9 +287,7 @@ def test_own_code_anchors_exist(card):
 
 
 def test_stable_doc_names_every_constraint_and_tells_how_to_measure(card):
-    from moe_overlap.paths import data_root
-
-    doc = (data_root() / card.references.docs).read_text(encoding="utf-8")
+    doc = (CARD.parent / card.references.docs).read_text(encoding="utf-8")
     assert [rid for rid in card.constraint_ids() if f"`{rid}`" not in doc] == []
     for heading in ("## Mechanism", "### Delayed weight gradients", "## Dispatchers", "## Constraints",
                     "## How to verify", "## How to measure overlap honestly", "## FAQ"):
@@ -372,13 +370,36 @@ def _severity_by_table(text: str) -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize("doc", ["SKILL.md", "docs/training/communication-overlap.md"])
-def test_prose_tables_give_each_rule_the_card_severity(card, doc):
-    from moe_overlap.paths import docs_dir
-
-    path = CARD.parent / "SKILL.md" if doc == "SKILL.md" else docs_dir() / "training" / "communication-overlap.md"
+def test_reference_table_gives_each_rule_the_card_severity_and_releases(card):
+    path = CARD.parent / card.references.docs
     shown = _severity_by_table(path.read_text(encoding="utf-8"))
     severity = {c.id: c.severity for c in card.constraints}
     assert set(severity) <= set(shown), sorted(set(severity) - set(shown))
     wrong = {i: (shown[i], severity[i]) for i in severity if shown[i] != severity[i]}
     assert not wrong, wrong
+    releases = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        cols = [c.strip() for c in line.strip("|").split(" | ")]
+        if line.startswith("| `") and len(cols) == 6:
+            releases[cols[0].strip("`")] = cols[4]
+    assert {c.id: c.releases for c in card.constraints} == releases
+
+
+def test_constraint_releases_upstream_and_checkers_match_the_rules(card):
+    """The card states, per constraint, the release lines and upstream lines the validator's rule uses, and who
+    enforces it (Core / Megatron-LM / Bridge / this skill's advice)."""
+    from moe_overlap.skill.rules.registry import all_rules
+
+    for rule in all_rules():
+        c = card.constraint(rule.id)
+        assert c.releases == rule.releases(), rule.id
+        assert c.upstream is not None and " ".join(c.upstream.split()) == " ".join(rule.source.split()), rule.id
+        kinds = {rule.kind(line) for line in ((0, 16), (0, 17), (0, 18), (0, 19)) if rule.applies_to(line)}
+        checkers = set(c.checked_by)
+        assert ("megatron-bridge" in checkers) == rule.bridge, rule.id
+        if "arguments.py" in rule.source and rule.severity == "error":
+            assert "megatron-lm" in checkers, rule.id
+        if kinds & {"core", "runtime"} and "arguments.py" not in rule.source:
+            assert "megatron-core" in checkers, rule.id
+        if kinds == {"advice"}:
+            assert checkers <= {"moe-overlap", "megatron-core"}, rule.id

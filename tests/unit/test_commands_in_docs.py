@@ -10,7 +10,7 @@ from moe_overlap.paths import docs_dir, skills_dir
 from moe_overlap.skill.card.cards import load_card
 
 SKILL = skills_dir() / "perf-expert-parallel-overlap"
-MARKDOWN = [SKILL / "SKILL.md", docs_dir() / "training" / "communication-overlap.md", docs_dir() / "troubleshooting.md"]
+MARKDOWN = [SKILL / "SKILL.md", *sorted((SKILL / "references").glob("*.md")), docs_dir() / "troubleshooting.md"]
 _INLINE = re.compile(r"`(moe-overlap [^`]+)`")
 _FENCE = re.compile(r"^```(?:bash|sh)\n(.*?)^```", re.M | re.S)
 

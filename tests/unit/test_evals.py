@@ -123,3 +123,31 @@ def test_flex_eval_file_is_caught_by_the_validator(evals):
     case = next(c for c in evals.evals if "flex-backend-needs-flex-dispatcher" in c.rule_ids and c.files)
     result = validate_config(str(skill_dir(SKILL) / case.files[0]), torch_version="2.6.0", gpu="H100")
     assert "flex-backend-needs-flex-dispatcher" in {f.rule for f in result.findings}
+
+
+def test_should_not_trigger_cases_keep_ep_overlap_out(evals):
+    """Neighbouring topics (dense TP overlap, DP gradient buckets, pipeline p2p) are evals where the skill must not be
+    used; SKILL.md's description names each so an assistant can tell."""
+    from moe_overlap.skill.card.cards import read_frontmatter
+
+    negatives = [c for c in evals.evals if not c.should_trigger]
+    assert len(negatives) >= 3
+    description = read_frontmatter(skill_dir(SKILL) / "SKILL.md")["description"]
+    for case in negatives:
+        assert case.topics == ["out-of-scope"] and not case.rule_ids and not case.families, case.name
+        assert any("overlap_moe_expert_parallel_comm" in e and e.startswith("Does not") for e in case.expectations)
+    for flag in ("tp_comm_overlap", "overlap_grad_reduce", "pipeline"):
+        assert flag in description, flag
+        assert any(flag in c.prompt for c in negatives), flag
+
+
+def test_corrected_ground_truths(evals):
+    """The statements issue 20 found wrong stay fixed: the hidden-time bound, the TE 2.10 check in every release,
+    the legacy grouped GEMM limited to 0.16, the flex fallback vs ValueError."""
+    by_id = {c.id: c for c in evals.evals}
+    assert "at least 15 ms" in by_id[13].ground_truth and "at most 15" not in by_id[13].ground_truth
+    assert "every Megatron-Core release 0.16-0.19 asks TE >= 2.10.0" in by_id[5].ground_truth
+    assert "0.16 also asks" not in by_id[5].ground_truth and "2.8.0" in by_id[5].ground_truth
+    assert "0.16" in by_id[14].ground_truth and "removed in 0.17" in by_id[14].ground_truth
+    assert "ValueError" in by_id[10].ground_truth
+    assert "0.19.2" in by_id[6].ground_truth and "ep_overlap_early_attn_memory_release" in by_id[6].ground_truth

@@ -19,8 +19,14 @@ from moe_overlap.verify.config import VerifyConfig
 
 ENV = {"torch_version": "2.6.0", "te_version": "2.7.0", "gpu": "H100"}
 
-# The seed document's "Configuration Minimale Fonctionnelle", line for line.
+# The seed document's "Configuration Minimale Fonctionnelle", line for line, after creating cfg.comm_overlap:
+# Megatron-Bridge recipes ship comm_overlap=None (megatron-bridge 0.6.2 training/config.py:1007), where setting
+# a field would raise AttributeError.
 SEED_MINIMAL = """\
+from megatron.bridge.training.comm_overlap import CommOverlapConfig
+
+if cfg.comm_overlap is None:  # Bridge recipes ship comm_overlap=None
+    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)
 cfg.comm_overlap.overlap_moe_expert_parallel_comm = True
 cfg.comm_overlap.delay_wgrad_compute = False
 cfg.model.expert_model_parallel_size = 4
@@ -266,3 +272,25 @@ def test_verify_reads_the_moe_overlap_format_as_its_own():
 def test_every_request_field_is_described_for_mcp_clients():
     schema = GenerateRequest.model_json_schema()
     assert all(prop.get("description") for prop in schema["properties"].values())
+
+
+def test_bridge_python_runs_on_a_recipe_whose_comm_overlap_is_none(monkeypatch):
+    """Bridge recipes ship cfg.comm_overlap = None; the generated lines must create it, not raise AttributeError."""
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    @dataclass
+    class CommOverlapConfig:  # the one required field of Bridge's CommOverlapConfig (comm_overlap.py:384)
+        tp_comm_overlap: bool
+        overlap_moe_expert_parallel_comm: bool | None = None
+        delay_wgrad_compute: bool | None = None
+
+    module = types.ModuleType("megatron.bridge.training.comm_overlap")
+    module.CommOverlapConfig = CommOverlapConfig
+    monkeypatch.setitem(sys.modules, "megatron.bridge.training.comm_overlap", module)
+    cfg = types.SimpleNamespace(comm_overlap=None, model=types.SimpleNamespace())
+    stage = _gen(ep=4, experts=64, stage="overlap", **ENV).stages[0]
+    exec(render(stage.config, "bridge-python"), {"cfg": cfg})  # noqa: S102 - our own generated code
+    assert cfg.comm_overlap.overlap_moe_expert_parallel_comm is True and cfg.comm_overlap.tp_comm_overlap is False
+    assert cfg.model.moe_shared_expert_overlap is False

@@ -161,3 +161,34 @@ def test_cli_check_logs_nul_padding_after_a_crash_is_still_read(tmp_path, capsys
     text = MEGATRON_LM.format(wgrad=True, backend=None, dispatcher="alltoall", overlap=True)
     path.write_bytes(text.encode() + b"\x00" * 4096)
     assert main(["check-logs", str(path)]) == 0
+
+
+# megatron-bridge 0.6.2 src/megatron/bridge/training/flex_dispatcher_backend.py:64-67 (and :73-76, :82-85)
+FALLBACK = ("[WARNING | megatron.bridge.training.flex_dispatcher_backend]: DeepEP is only applicable to Ampere, "
+            "Hopper, and Blackwell (B200/B300) GPUs. Current GPU: Tesla T4. Falling back to alltoall.")
+
+
+def test_flex_fallback_warning_fails_the_flex_check():
+    log = BRIDGE_YAML.replace("moe_token_dispatcher_type: flex", "moe_token_dispatcher_type: alltoall")
+    log = log.replace("moe_flex_dispatcher_backend: hybridep", "moe_flex_dispatcher_backend: null")
+    res = check_training_log(FALLBACK + "\n" + log)
+    check = next(c for c in res.checks if c.id == "no-flex-fallback")
+    assert check.status == "fail" and check.line == 1 and "Falling back to alltoall" in check.evidence
+    assert "alltoall" in check.message and not res.ok
+
+
+@pytest.mark.parametrize("line", [
+    "NCCL EP is only applicable to Hopper and Blackwell GPUs. Current GPU: NVIDIA A100. Falling back to alltoall.",
+    "Not a valid flex dispatcher backend. Expected one of deepep, hybridep, or ncclep. Skipping flex dispatcher "
+    "backend configuration.",
+    "Flex dispatcher backends are only applicable to MoE models. Model config does not use MoE (num_moe_experts is "
+    "not set or is 0). Skipping flex dispatcher configuration.",
+])
+def test_every_bridge_flex_skip_is_reported(line):
+    res = check_training_log(BRIDGE_YAML + line + "\n")
+    assert next(c for c in res.checks if c.id == "no-flex-fallback").status == "fail"
+
+
+def test_no_fallback_passes():
+    res = check_training_log(BRIDGE_YAML)
+    assert next(c for c in res.checks if c.id == "no-flex-fallback").status == "pass" and res.ok

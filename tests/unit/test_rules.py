@@ -277,3 +277,71 @@ def test_cuda_graph_field_name_follows_the_release():
     assert notes({"cuda_graph_modules": ["attn"]}, "0.19.0") == []
     assert any("cuda_graph_scope for megatron-core <= 0.17" in n for n in notes({"cuda_graph_modules": ["attn"]},
                                                                                  "0.16.1"))
+
+
+def test_key_in_the_wrong_section_warns_and_is_read():
+    """model.data_parallel_size belongs in comm_overlap: Bridge would not read it there, so the validator warns, and
+    reads it so that the micro-batch count it was meant for is still checked."""
+    config = {"model": {"expert_model_parallel_size": 4, "num_moe_experts": 64, "moe_token_dispatcher_type": "alltoall",
+                        "bf16": True, "data_parallel_size": 8},
+              "comm_overlap": {"overlap_moe_expert_parallel_comm": True},
+              "train": {"global_batch_size": 8, "micro_batch_size": 1}}
+    result = validate_config(config, detect=False, env={}, torch_version="2.6.0", megatron_core_version="0.19.2")
+    rules = {f.rule: f for f in result.findings}
+    wrong = rules["config:wrong-section"]
+    assert wrong.severity == "warning" and wrong.path == "model.data_parallel_size"
+    assert "belongs in comm_overlap" in wrong.message and "read here as comm_overlap.data_parallel_size" in wrong.message
+    assert "single-micro-batch" in rules  # 8 / (1 x 8) = one micro-batch per rank
+    fixed = validate_config({**config, "model": {k: v for k, v in config["model"].items() if k != "data_parallel_size"},
+                             "comm_overlap": {"overlap_moe_expert_parallel_comm": True, "data_parallel_size": 8}},
+                            detect=False, env={}, torch_version="2.6.0", megatron_core_version="0.19.2")
+    assert "config:wrong-section" not in {f.rule for f in fixed.findings}
+    assert "single-micro-batch" in {f.rule for f in fixed.findings}
+    both = validate_config({**config, "comm_overlap": {"overlap_moe_expert_parallel_comm": True,
+                                                       "data_parallel_size": 1}},
+                           detect=False, env={}, torch_version="2.6.0", megatron_core_version="0.19.2")
+    assert "also set and wins" in next(f for f in both.findings if f.rule == "config:wrong-section").message
+
+
+def test_field_of_another_release_warns():
+    over = [OV, "model.overlap_dispatch_backward_with_experts_wgrad=false", "model.cuda_graph_impl=full_iteration"]
+    result = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=over, detect=False, env={},
+                             torch_version="2.6.0", megatron_core_version="0.17.1")
+    hits = [f for f in result.findings if f.rule == "config:field-not-in-release"]
+    assert [h.path for h in hits] == ["model.cuda_graph_impl"] and "from megatron-core 0.18" in hits[0].message
+    legacy = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=[OV, "model.moe_use_legacy_grouped_gemm=true"],
+                             detect=False, env={}, torch_version="2.6.0", megatron_core_version="0.19.2")
+    assert [f.path for f in legacy.findings if f.rule == "config:field-not-in-release"] == [
+        "model.moe_use_legacy_grouped_gemm"]
+    assert "wgrad-no-legacy-grouped-gemm" not in {f.rule for f in legacy.findings}
+
+
+@pytest.mark.parametrize("version,impl,scope,fires", [
+    ("0.16.1", "local", "[attn]", True), ("0.17.1", "local", "[attn]", True), ("0.18.2", "local", "[attn]", False),
+    ("0.19.2", "full_iteration", "[]", False), ("0.17.1", "full_iteration", "[]", True),
+    ("0.19.2", "transformer_engine", "[attn, moe]", True), ("0.18.2", "transformer_engine", "[moe_router]", False),
+])
+def test_cuda_graph_rule_follows_the_release(version, impl, scope, fires):
+    result = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=[
+        OV, f"model.cuda_graph_impl={impl}", f"model.cuda_graph_scope={scope}"], detect=False, env={},
+        torch_version="2.6.0", megatron_core_version=version)
+    assert ("cuda-graph-scope-excludes-moe" in {f.rule for f in result.findings}) is fires
+
+
+@pytest.mark.parametrize("version", ["0.16.1", "0.17.1", "0.18.2", "0.19.2"])
+def test_te_2_10_graph_check_holds_in_every_release(version):
+    over = [OV, DW, "model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[moe_router]"]
+    result = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=over, detect=False, env={},
+                             torch_version="2.6.0", te_version="2.9.0", megatron_core_version=version)
+    assert "wgrad-cuda-graph-te-2-10" in result.rule_set.core_rules
+    assert "wgrad-cuda-graph-te-2-10" in {f.rule for f in result.findings if f.severity == "error"}
+
+
+def test_argv_flags_of_the_new_checks():
+    result = validate_config(argv="--overlap-moe-expert-parallel-comm --expert-model-parallel-size 4 --num-experts 8 "
+                                  "--moe-token-dispatcher-type alltoall --bf16 --delay-wgrad-compute "
+                                  "--transformer-impl local --use-megatron-fsdp --fsdp-double-buffer",
+                             detect=False, env={}, torch_version="2.6.0", te_version="2.12.0",
+                             megatron_core_version="0.19.2")
+    errors = {f.rule for f in result.findings if f.severity == "error"}
+    assert {"wgrad-needs-te-layers", "fsdp-no-double-buffer"} <= errors

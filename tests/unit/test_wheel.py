@@ -56,7 +56,8 @@ def test_wheel_serves_the_card_without_a_checkout(tmp_path):
                  timeout=60).stdout.strip()
     assert where.startswith(str(env_dir)) and where.endswith("_data"), where
     for rel in ("skills/perf-expert-parallel-overlap/SKILL.md", "skills/perf-expert-parallel-overlap/evals/evals.json",
-                "schemas/card.schema.json", "docs/training/communication-overlap.md"):
+                "schemas/card.schema.json", "skills/perf-expert-parallel-overlap/references/communication-overlap.md",
+                "skills/perf-expert-parallel-overlap/assets/ep-overlap-minimal.yaml"):
         assert (Path(where) / rel).is_file(), rel
 
     # An unknown field is still exit 2 with the choices, from the installed wheel.

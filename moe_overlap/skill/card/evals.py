@@ -2,7 +2,8 @@
 
 Shape follows the common Agent Skills evals layout (`skill_name`, `evals[]` with `id`, `prompt`,
 `expected_output`, `files`, `expectations`) plus what this project needs to check coverage: the
-ground truth, the topics and constraint families a question exercises, and the rule ids it cites.
+ground truth, the topics and constraint families a question exercises, the rule ids it cites, and
+`should_trigger` (false for the neighbouring questions the skill must not be used for).
 `schemas/evals.schema.json` is generated from `EvalSet`. Torch-free.
 """
 
@@ -16,11 +17,11 @@ from moe_overlap.skill.card.model import KEBAB, Card, ConstraintFamily
 
 EvalTopic = Literal[
     "isolate-plain-overlap", "constraint-family", "flex-activation", "versions", "when-not-to-use",
-    "failure-reading", "mechanism", "measurement",
+    "failure-reading", "mechanism", "measurement", "out-of-scope",
 ]
 REQUIRED_TOPICS: tuple[str, ...] = (
     "isolate-plain-overlap", "constraint-family", "flex-activation", "versions", "when-not-to-use",
-    "failure-reading",
+    "failure-reading", "out-of-scope",
 )
 
 
@@ -39,6 +40,9 @@ class EvalCase(_Strict):
     topics: list[EvalTopic] = Field(min_length=1)
     families: list[ConstraintFamily] = Field(default_factory=list)
     rule_ids: list[str] = Field(default_factory=list, description="constraint ids the answer relies on")
+    should_trigger: bool = Field(True, description=(
+        "whether an assistant should load this skill for the prompt; false: a neighbouring topic the skill must "
+        "not pull the answer into (its expectations check that the answer stays out of EP-overlap advice)"))
 
 
 class EvalSet(_Strict):

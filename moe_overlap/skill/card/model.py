@@ -31,8 +31,10 @@ class _Strict(BaseModel):
 
 class References(_Strict):
     skill_md: str = Field(description="path of SKILL.md, relative to the skill folder")
-    docs: str = Field(description="the stable doc, relative to the data root (docs/...)")
-    schema_file: str = Field(description="the JSON Schema this card validates against (schemas/...)")
+    docs: str = Field(description="the stable reference doc, relative to the skill folder (references/...)")
+    schema_file: str = Field(description=(
+        "the JSON Schema this card validates against: a file of the moe-overlap package (schemas/...), "
+        "not of the skill folder"))
 
 
 class ValidatedOn(_Strict):

@@ -2,8 +2,8 @@
 
 After a run with EP overlap, the seed asks to confirm (1) no assertion error while CommOverlapConfig is
 finalised, (2) ``overlap_moe_expert_parallel_comm`` logged as True, (3) with the flex dispatcher,
-``moe_token_dispatcher_type`` = flex and the right backend. We also look for tracebacks, NCCL/gloo errors
-and hang reports. Three layouts of the effective config are read:
+``moe_token_dispatcher_type`` = flex and the right backend, and no "Falling back to alltoall" warning from
+Bridge's apply_flex_dispatcher_backend. We also look for tracebacks, NCCL/gloo errors and hang reports. Three layouts of the effective config are read:
 
   Megatron-LM argument dump   ``  overlap_moe_expert_parallel_comm ........ True`` (also our verify logs)
   Megatron-Bridge YAML dump   ``  overlap_moe_expert_parallel_comm: true``
@@ -39,6 +39,9 @@ _ERRORS = (
     ("gloo", re.compile(r"Connection closed by peer|Gloo connectFullMesh failed|Connection reset by peer")),
     ("cuda", re.compile(r"CUDA error|CUDA out of memory|OutOfMemoryError|illegal memory access")),
 )
+# Megatron-Bridge's apply_flex_dispatcher_backend when it cannot apply the backend (megatron-bridge 0.6.2
+# src/megatron/bridge/training/flex_dispatcher_backend.py:44-96): the run silently uses alltoall, or no flex at all.
+_FLEX_FALLBACK = re.compile(r"Falling back to alltoall|Skipping flex dispatcher(?: backend)? configuration", re.I)
 _OVERLAP_ASSERT = re.compile(r"comm_?overlap|CommOverlapConfig|overlap_moe_expert_parallel_comm|"
                              r"delay_wgrad_compute|expert_model_parallel_size|moe_token_dispatcher_type", re.I)
 
@@ -120,6 +123,18 @@ def _flag_check(cid: str, key: str, found, expect: bool | None) -> LogCheck:
                     message=f"{key} = {value}" + ("" if ok else f", expected {expect}"))
 
 
+def _fallback_check(lines: list[str]) -> LogCheck:
+    hits = [(i, line.strip()[:300]) for i, line in enumerate(lines, 1) if _FLEX_FALLBACK.search(line)]
+    if not hits:
+        return LogCheck(id="no-flex-fallback", status="pass",
+                        message="no flex-dispatcher fallback warning (apply_flex_dispatcher_backend)")
+    line, text = hits[0]
+    return LogCheck(id="no-flex-fallback", status="fail", line=line, evidence=text, message=(
+        "apply_flex_dispatcher_backend did not apply the flex backend (unsupported GPU, or not an MoE model): the run "
+        "used the alltoall dispatcher, not DeepEP/HybridEP/NCCL EP; use a backend this GPU supports "
+        "(flex-backend-gpu-support) or plan for alltoall"))
+
+
 def check_training_log(text: str, *, expect_overlap: bool | None = True,
                        expect_delay_wgrad: bool | None = None) -> LogCheckResult:
     """Check a training log. `expect_overlap`/`expect_delay_wgrad`: the value each flag must have (None: report)."""
@@ -149,6 +164,7 @@ def check_training_log(text: str, *, expect_overlap: bool | None = True,
     elif dispatcher is not None and dispatcher[0] == "flex":
         checks.append(LogCheck(id="flex-backend-active", status="warn", line=dispatcher[1],
                                message="flex dispatcher without a logged moe_flex_dispatcher_backend"))
+    checks.append(_fallback_check(lines))
     by_kind: dict[str, list[LogError]] = {}
     for e in errors:
         by_kind.setdefault(e.kind, []).append(e)

@@ -3,7 +3,8 @@
 The one input is a nested config with Megatron-Bridge ConfigContainer sections (``comm_overlap``,
 ``model``, ``train``), keys in the order they should be printed. Formats:
 
-    bridge-python  ``cfg.<section>.<key> = <value>`` lines; a flex dispatcher is written as the
+    bridge-python  ``cfg.<section>.<key> = <value>`` lines; ``cfg.comm_overlap`` is created first when the
+                   recipe left it None; a flex dispatcher is written as the
                    ``apply_flex_dispatcher_backend(cfg.model, ...)`` call, because setting the backend
                    field alone does nothing in Megatron-Bridge (rule flex-backend-needs-flex-dispatcher)
     overrides      dotted ``section.key=value`` lines, the override syntax of Megatron-Bridge scripts
@@ -22,6 +23,10 @@ import yaml
 FORMATS = ("bridge-python", "overrides", "megatron-args", "yaml", "json", "moe-overlap")
 
 FLEX_IMPORT = "from megatron.bridge.training.flex_dispatcher_backend import apply_flex_dispatcher_backend"
+COMM_IMPORT = "from megatron.bridge.training.comm_overlap import CommOverlapConfig"
+# Bridge recipes ship `comm_overlap=None` (ConfigContainer's default), so a field cannot be set on it directly.
+COMM_CREATE = ["if cfg.comm_overlap is None:  # Bridge recipes ship comm_overlap=None",
+               "    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)"]
 
 # (section, key) -> Megatron-LM flag. Names from megatron/training/arguments.py (Megatron-LM); Bridge's
 # `num_moe_experts` is `--num-experts` there. VPP has no direct flag: see _vpp_flag.
@@ -90,7 +95,11 @@ def _py(value: Any) -> str:
 def bridge_python_lines(config: dict[str, Any]) -> list[str]:
     model = config.get("model", {})
     flex = model.get("moe_token_dispatcher_type") == "flex"
-    lines = [FLEX_IMPORT, ""] if flex else []
+    comm = bool(config.get("comm_overlap"))
+    imports = ([COMM_IMPORT] if comm else []) + ([FLEX_IMPORT] if flex else [])
+    lines = imports + [""] if imports else []
+    if comm:
+        lines += COMM_CREATE
     for section, key, value in _items(config):
         if flex and section == "model" and key in ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend"):
             continue  # set by the helper below, together with the GPU check

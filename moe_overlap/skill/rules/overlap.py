@@ -205,7 +205,8 @@ RULES: tuple[Rule, ...] = (
          src.core("early-release"), core=ALL),
     Rule("fsdp-no-double-buffer", "error", ("fsdp_double_buffer", "use_megatron_fsdp", OV), _fsdp_double_buffer,
          "EP overlap with Megatron-FSDP does not support the FSDP double buffer (fsdp_double_buffer=true): "
-         "asserted when the model is wrapped", "set ddp.fsdp_double_buffer: false",
+         "asserted when the model is wrapped", "set ddp.fsdp_double_buffer: false (Megatron-LM turns it on by itself with "
+         "--nccl-ub or --megatron-fsdp-max-pool-double-buffer)",
          src.core("fsdp-double-buffer"), holds=FROM_18, runtime=FROM_18),
     Rule("fsdp-no-per-layer-cuda-graphs", "error", ("cuda_graph_impl", "use_megatron_fsdp", OV), _fsdp_graphs,
          "EP overlap with Megatron-FSDP does not support per-layer CUDA graphs (cuda_graph_impl="
