@@ -345,3 +345,16 @@ def test_argv_flags_of_the_new_checks():
                              megatron_core_version="0.19.2")
     errors = {f.rule for f in result.findings if f.severity == "error"}
     assert {"wgrad-needs-te-layers", "fsdp-no-double-buffer"} <= errors
+
+
+def test_te_2_12_rule_reads_the_scope_whatever_the_graph_implementation():
+    """Bridge's check looks at the graph modules even with cuda_graph_impl none (has_cuda_graph_module,
+    megatron-bridge 0.6.2 comm_overlap.py:538-548), so a leftover attn scope still needs TE >= 2.12."""
+    over = [OV, DW, "model.cuda_graph_scope=[attn]", "model.gradient_accumulation_fusion=true",
+            "model.add_bias_linear=false"]
+    old = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=over, detect=False, env={},
+                          torch_version="2.6.0", te_version="2.11.0", megatron_core_version="0.19.2")
+    assert "wgrad-cuda-graph-te-2-12" in {f.rule for f in old.findings if f.severity == "error"}
+    new = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=over, detect=False, env={},
+                          torch_version="2.6.0", te_version="2.12.0", megatron_core_version="0.19.2")
+    assert "wgrad-cuda-graph-te-2-12" not in {f.rule for f in new.findings}
