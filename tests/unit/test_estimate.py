@@ -144,8 +144,11 @@ def test_single_micro_batch_has_no_1f1b():
     r = est(micro_batches=1)
     s = by_name(r)
     assert not s["1f1b"].available and s["1f1b"].step_ms == pytest.approx(s["none"].step_ms)
-    assert r.recommended_schedule == "chunked"
+    # chunked is predicted but never recommended (measured slower than none on GPU, docs/benchmarks.md)
+    assert r.recommended_schedule == "none" and r.recommendation == "avoid"
+    assert s["chunked"].step_ms > 0
     assert any("single-micro-batch" in x for x in r.reasons)
+    assert any("chunked schedule is not recommended" in x for x in r.reasons)
 
 
 @pytest.mark.parametrize("comm, comp, chunks, fwd", [

@@ -261,7 +261,8 @@ def _recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer,
     none = scheds[0]
     comm_share = none.comm_ms / (none.step_ms) if none.step_ms else 0.0
     megatron = [s for s in scheds if s.name.startswith("1f1b") and s.available]
-    candidates = megatron or [s for s in scheds if s.name == "chunked"]
+    # `chunked` is predicted (informative) but never recommended: measured slower than no overlap on GPU.
+    candidates = megatron or [none]
     # Candidates are in order of simplicity: a more involved schedule must win by more than 0.1%.
     top = max(s.speedup for s in candidates)
     best = next(s for s in candidates if s.speedup >= top * (1 - 1e-3))
@@ -270,6 +271,8 @@ def _recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer,
     if req.ep == 1:
         decision = "avoid"
         reasons.append("EP 1 has no all-to-all to hide (rule ep-size-gt-1)")
+    elif not megatron:
+        decision = "avoid"
     elif best.speedup < 1.0:
         decision = "avoid"
         reasons.append(f"the best schedule ({best.name}) is predicted slower ({best.speedup:.2f}x): "
@@ -283,7 +286,9 @@ def _recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer,
         reasons.append(f"predicted speedup {best.speedup:.2f}x with {best.name}")
     if req.micro_batches < 2:
         reasons.append("one micro-batch: Megatron-Core's overlap (1f1b) has no second micro-batch to pair "
-                       "with (warning single-micro-batch); only the chunked schedule can help")
+                       "with (warning single-micro-batch); use 2 or more micro-batches. The in-layer chunked "
+                       "schedule is not recommended: measured 1.11-2.2x slower than no overlap on one H200 "
+                       "(smaller GEMMs, a gather and twice the host work; docs/benchmarks.md)")
     if best.name.startswith("1f1b"):
         reasons.append("1f1b keeps a second micro-batch's activations alive: check memory headroom")
     if h.overlap_efficiency >= 1.0 and h.efficiency_source.startswith("no link preset"):
