@@ -13,7 +13,7 @@ Torch-free, no GPU: it runs the estimator (moe_overlap/skill/estimate) on the an
 * DeepSeek-V3 proxy MoE layer, 8xH100, EP8, alltoall, no overlap (Megatron-LM moe_perf baseline):
   7.12 ms forward + 10.48 ms backward. Presets only (nothing measured on H100 here to calibrate with).
 * Our layer at EP >= 2 (benchmarks/ep_overlap.py via benchmarks/run_multi_gpu.sh; results files
-  benchmarks/results/ep_overlap_cuda_r<N>*.json): calibrated on the same run's pieces (expert GEMMs alone,
+  ep_overlap_cuda_r<N>*.json anywhere under benchmarks/results/): calibrated on the same run's pieces (expert GEMMs alone,
   all-to-alls alone, the rest of the no-overlap layer as fixed cost), overlap efficiency from the link preset;
   predicted 1f1b vs measured. Until those files are committed, the two-H200 figures of the project's run of
   2026-11-29 are used and marked provisional.
@@ -146,10 +146,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="also write the rows as JSON here")
     ap.add_argument("--results", nargs="*", default=None,
-                    help="ep_overlap result files at EP >= 2 (default: benchmarks/results/ep_overlap_cuda_r*.json)")
+                    help="ep_overlap result files at EP >= 2 (default: every ep_overlap_cuda_r*.json under "
+                         "benchmarks/results/)")
     args = ap.parse_args()
     files = args.results if args.results is not None else sorted(
-        glob.glob(str(ROOT / "benchmarks" / "results" / "ep_overlap_cuda_r*.json")))
+        glob.glob(str(ROOT / "benchmarks" / "results" / "**" / "ep_overlap_cuda_r*.json"), recursive=True))
     rows = anchor_rows() + our_rows(files)
     print(markdown(rows))
     if args.json:

@@ -17,6 +17,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cpu: gloo ranks; cuda: NCCL, one GPU per rank")
     parser.add_argument("--steps", type=int, help="optimizer steps per mode (first one is warm-up)")
+    parser.add_argument("--max-steps", type=int,
+                        help="cuda: keep stepping past --steps, up to this many, until the throughput judgement is "
+                             "settled (default 5 x steps, at most steps + 200; cpu: --steps)")
     parser.add_argument("--micro-batches", type=int, help="micro-batches per step (1f1b needs >= 2)")
     parser.add_argument("--modes", help="comma list of baseline,overlap,overlap+wgrad (default: all that apply)")
     parser.add_argument("--schedule", choices=["chunked", "1f1b"], help="the overlap schedule (default 1f1b)")
@@ -49,7 +52,7 @@ def _options(args):
 
     try:
         return VerifyOptions(
-            config=args.config, nproc=args.nproc, device=args.device, steps=args.steps,
+            config=args.config, nproc=args.nproc, device=args.device, steps=args.steps, max_steps=args.max_steps,
             micro_batches=args.micro_batches, schedule=args.schedule, timeout_s=args.timeout,
             hang_timeout_s=args.hang_timeout, out=args.out, fabric=args.fabric, a2a=args.a2a,
             explain=not args.no_explain, force=args.force, inject_fault=args.inject_fault,

@@ -136,6 +136,15 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
             fabric=plan.fabric, transport=str(init.get("transport") or ""), runs=runs, throughput=criteria[2],
             pieces_record=next((rec for rec in rank0 if rec.get("kind") == "pieces"), None),
             schedules={s.name: s.schedule for s in plan.specs}, explain=plan.explain)
+        extended = next((rec for rec in rank0 if rec.get("kind") == "steps_extended"), None)
+        if extended and extended["ran"] > extended["planned"]:
+            notes.append(f"throughput not settled after {extended['planned']} steps: ran {extended['ran']} per mode "
+                         f"(at most {extended['max_steps']}, --max-steps)"
+                         + ("" if extended.get("settled") else f"; still not settled (stopped by the "
+                                                                f"{extended.get('stopped_by', 'limit')})"))
+        elif extended and not extended.get("settled"):
+            notes.append(f"throughput not settled after {extended['planned']} steps and not extended: "
+                         f"stopped by the {extended.get('stopped_by', 'limit')} (raise --timeout or --max-steps)")
         why = analysis.explanation
         if why is not None and why.pays is False and v in ("failed", "inconclusive", "throughput-not-judged"):
             summary += f". Why: {why.cause}"
@@ -177,7 +186,7 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
         if rec["kind"] == "mode_start":
             emit({"event": "mode", "mode": rec["mode"], "schedule": rec.get("schedule")})
         elif rec["kind"] == "step":
-            emit({"event": "step", "mode": rec["mode"], "step": rec["step"] + 1, "steps": plan.cfg.steps,
+            emit({"event": "step", "mode": rec["mode"], "step": rec["step"] + 1, "steps": plan.max_steps,
                   "loss": rec["loss"]})
 
     emit({"event": "start", "modes": [s.name for s in plan.specs], "nproc": plan.nproc, "out": str(plan.out)})
@@ -186,7 +195,8 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
                         modes_arg=json.dumps([s.to_dict() for s in plan.specs]), out=plan.out,
                         timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
                         inject_fault=options.inject_fault, on_record=on_record, cancel=cancel,
-                        extra_args=worker_options(plan), extra_env=rank_environment(plan))
+                        extra_args=worker_options(plan) + _budget_args(plan, options.timeout_s),
+                        extra_env=rank_environment(plan))
         if attempt == 0 and _lost_port_race(result):
             # Another process took the free port between our probe and rank 0's bind: start over once.
             for name in ("ranks", "logs"):
@@ -199,12 +209,18 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
     return report
 
 
+def _budget_args(plan: Plan, timeout_s: float) -> list[str]:
+    """Extra steps (--max-steps) may use up to 40% of --timeout in step time: start-up, the pieces and the
+    report need the rest, and a run stopped by its timeout judges nothing."""
+    return ["--step-budget-s", f"{0.4 * timeout_s:g}"] if plan.max_steps > plan.cfg.steps else []
+
+
 def options_command(options: VerifyOptions) -> str:
     """The `moe-overlap verify` command line equivalent to `options` (for the report)."""
     parts = ["moe-overlap", "verify"]
     if options.config is not None and not isinstance(options.config, dict):
         parts.append(str(options.config))
-    for flag, value in (("--nproc", options.nproc), ("--steps", options.steps),
+    for flag, value in (("--nproc", options.nproc), ("--steps", options.steps), ("--max-steps", options.max_steps),
                         ("--micro-batches", options.micro_batches), ("--schedule", options.schedule)):
         if value is not None:
             parts += [flag, str(value)]

@@ -44,7 +44,8 @@ def _load_plan(out: Path) -> Plan:
                 megatron=validated_config(cfg, parsed), nproc=int(data["nproc"]), device=data["device"],
                 specs=[ModeSpec(**s) for s in data["specs"]], out=out, notes=list(data.get("notes", [])),
                 mapping_notes=list(data.get("mapping_notes", [])), fabric=str(data.get("fabric") or "native"),
-                a2a=data.get("a2a"), explain=bool(data.get("explain", True)))
+                a2a=data.get("a2a"), explain=bool(data.get("explain", True)),
+                max_steps=int(data.get("max_steps") or cfg.steps))
 
 
 def _status(records: dict[int, list[dict[str, Any]]]) -> LaunchResult:

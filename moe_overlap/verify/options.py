@@ -23,6 +23,9 @@ class VerifyOptions(BaseModel):
     nproc: int | None = Field(None, ge=1, description="ranks; default: the config's expert_model_parallel_size")
     device: Literal["cpu", "cuda"] = "cpu"
     steps: int | None = Field(None, ge=2, description="optimizer steps per mode (overrides the config)")
+    max_steps: int | None = Field(None, ge=2, description="with --device cuda, keep stepping past `steps`, up to "
+                                                          "this many, until the throughput judgement is settled; "
+                                                          "default 5 x steps (at most steps + 200); cpu: steps")
     micro_batches: int | None = Field(None, ge=1)
     modes: list[str] | None = Field(None, description="subset of baseline, overlap, overlap+wgrad; default all "
                                                       "that apply to the schedule")

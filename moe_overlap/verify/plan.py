@@ -55,6 +55,7 @@ class Plan:
     fabric: str = "native"  # ep/fabric.py: the NCCL environment of every rank
     a2a: str | None = None  # ep/transport.py kind; None: the process group's own all-to-all
     explain: bool = True  # time the step's pieces alone after training (verify/pieces.py)
+    max_steps: int = 0  # steps per mode at most (throughput not settled after cfg.steps); 0: cfg.steps
 
 
 def cuda_device_count() -> int:
@@ -148,6 +149,12 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
         err = exc.errors()[0]
         raise VerifyInputError(f"invalid run: {err['msg']}", field="nproc",
                                fix="choose --nproc dividing num_moe_experts") from None
+    if options.max_steps is not None and options.max_steps < cfg.steps:
+        raise VerifyInputError(f"--max-steps {options.max_steps} is below --steps {cfg.steps}", field="max_steps",
+                               fix=f"give --max-steps {cfg.steps} or more, or leave it out")
+    # Throughput is judged only on CUDA: only there is it worth running longer to settle it.
+    max_steps = (options.max_steps if options.max_steps is not None
+                 else min(5 * cfg.steps, cfg.steps + 200) if options.device == "cuda" else cfg.steps)
     if options.device != "cuda" and options.fabric != "native":
         raise VerifyInputError(f"--fabric {options.fabric} sets NCCL's transport: it needs --device cuda",
                                field="fabric", fix="add --device cuda, or drop --fabric")
@@ -163,7 +170,7 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
     return Plan(cfg=cfg, config_source=source, config_kind=kind, raw_source=options.config,
                 megatron=validated_config(cfg, loaded.parsed), nproc=nproc, device=options.device, specs=specs,
                 out=_out_dir(options), notes=notes + mode_notes, mapping_notes=loaded.notes, fabric=options.fabric,
-                a2a=options.a2a, explain=options.explain)
+                a2a=options.a2a, explain=options.explain, max_steps=max_steps)
 
 
 def prepare_out(plan: Plan) -> Path:

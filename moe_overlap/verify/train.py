@@ -140,6 +140,7 @@ class ModeRunner:
         # everything on the compute stream (the no-overlap reference). gloo needs none.
         self.comm_stream = make_comm_stream(device) if spec.overlap else None
         self.notes: list[str] = []
+        self.step_times: list[float] = []  # the slowest rank's, identical on every rank (all_gather)
         emit("mode_start", mode=spec.name, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad)
 
     def step(self, step: int) -> None:
@@ -188,6 +189,9 @@ class ModeRunner:
                   local_losses=[x.hex() for x in local])
         self.log(f" [moe-overlap] mode {spec.name} | step {step + 1}/{cfg.steps} | lm loss {loss:.6f} | "
                  f"step time {step_time * 1000:.1f} ms | tokens/s {tps:.0f} | peak memory {mem / 2**20:.1f} MiB")
-        if step == cfg.steps - 1:
-            self.emit("mode_end", mode=spec.name, notes=self.notes)
-            self.log(f" [moe-overlap] training finished: mode {spec.name}, {cfg.steps} steps")
+        self.step_times.append(step_time)
+
+    def finish(self) -> None:
+        """The mode's last record and log line, once the worker stops stepping (worker.py: steps may be extended)."""
+        self.emit("mode_end", mode=self.spec.name, notes=self.notes)
+        self.log(f" [moe-overlap] training finished: mode {self.spec.name}, {len(self.step_times)} steps")

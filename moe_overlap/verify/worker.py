@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--a2a", choices=["nccl", "ce", "auto"], default=None,
                     help="all-to-all transport (ep/transport.py); default: the process group's own")
     ap.add_argument("--no-explain", action="store_true", help="skip timing the step's pieces alone after training")
+    ap.add_argument("--step-budget-s", type=float, default=None,
+                    help="stop extending once the modes' step times add up to this (the launcher's timeout share)")
+    ap.add_argument("--max-steps", type=int, default=None,
+                    help="keep stepping past the config's steps, up to this many, until the throughput judgement "
+                         "is settled (every overlap mode pass or fail)")
     ap.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -64,6 +69,30 @@ def _mode_specs(text: str, cfg):
         return [ModeSpec(**d) for d in json.loads(text)]
     specs, _ = resolve_modes(cfg, [m.strip() for m in text.split(",") if m.strip()], None)
     return specs
+
+
+def _within_budget(runners, budget_s: float | None) -> bool:
+    """The step times so far (identical on every rank) leave room for another round of steps."""
+    if budget_s is None:
+        return True
+    spent = sum(sum(r.step_times) for r in runners)
+    last_round = sum(r.step_times[-1] for r in runners if r.step_times)
+    return spent + last_round <= budget_s
+
+
+def throughput_settled(runners, device: str) -> bool:
+    """Whether every overlap mode's throughput outcome against the baseline is pass or fail (throughput.py).
+
+    Computed from the slowest rank's step times, which every rank holds identically: all ranks decide alike
+    without a collective."""
+    from moe_overlap.verify.throughput import TOLERANCE, compare
+
+    base = next((r for r in runners if r.spec.name == "baseline"), None)
+    if base is None:
+        return True
+    tolerance = TOLERANCE.get(device, TOLERANCE["cuda"])
+    return all(compare(base.step_times, r.step_times, tolerance)["outcome"] in ("pass", "fail")
+               for r in runners if r is not base)
 
 
 def _comm_setup(cfg, args, group, device, world: int):
@@ -152,12 +181,23 @@ def main(argv: list[str] | None = None) -> int:
                 runners.append(ModeRunner(cfg, spec, group, device, rec.emit, logger(spec.name),
                                           fault=args.inject_fault, counts_group=counts_group,
                                           transport=transport))
-            # Round-robin over the modes, one step each (see ModeRunner: fair throughput comparison).
-            for step in range(cfg.steps):
+            # Round-robin over the modes, one step each (see ModeRunner: fair throughput comparison); past
+            # cfg.steps only while the throughput judgement is not settled (every rank decides alike).
+            max_steps = max(cfg.steps, args.max_steps or cfg.steps)
+            step = 0
+            while step < cfg.steps or (step < max_steps and _within_budget(runners, args.step_budget_s)
+                                       and not throughput_settled(runners, args.device)):
                 for runner in runners:
                     mode = runner.spec.name
                     runner.step(step)
+                step += 1
             mode = None
+            for runner in runners:
+                runner.finish()
+            if max_steps > cfg.steps and rank == 0:
+                settled = throughput_settled(runners, args.device)
+                rec.emit("steps_extended", planned=cfg.steps, ran=step, max_steps=max_steps, settled=settled,
+                         stopped_by="settled" if settled else "max-steps" if step >= max_steps else "time budget")
             if not args.no_explain:
                 _explain(runners, cfg, rank, group, device, counts_group, transport, rec)
         except BaseException:

@@ -62,3 +62,17 @@ def test_slowed_overlap_modes_are_never_passed(tmp_path):
                 assert report["summary"].startswith("throughput not judged")
             else:
                 assert report["verdict"] in ("failed", "inconclusive") and tp["judged"] and code == 1
+
+
+def test_steps_extend_until_throughput_is_settled_or_the_limit(tmp_path):
+    """--max-steps: all modes keep stepping together past --steps while an outcome is inconclusive."""
+    report = run_verification(VerifyOptions(steps=3, max_steps=5, micro_batches=2, modes=["baseline", "overlap"],
+                                            out=tmp_path / "run"))
+    counts = {r.mode: len(r.steps) for r in report.runs}
+    assert len(set(counts.values())) == 1 and 3 <= counts["baseline"] <= 5, counts
+    assert all(r.status == "completed" for r in report.runs)
+    extended = [n for n in report.notes if n.startswith("throughput not settled after 3 steps")]
+    assert bool(extended) == (counts["baseline"] > 3)
+    assert "--max-steps 5" in report.command
+    code, again = _judge(tmp_path / "run")  # the same folder judges the same
+    assert again["verdict"] == report.verdict and code == 0

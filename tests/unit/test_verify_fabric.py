@@ -51,3 +51,34 @@ def test_fabric_reaches_every_rank_and_the_torchrun_command(tmp_path):
 def test_command_line_names_the_options():
     cmd = options_command(VerifyOptions(device="cuda", fabric="emulated-net", a2a="auto", explain=False))
     assert cmd.endswith("--device cuda --fabric emulated-net --a2a auto --no-explain")
+
+
+def test_max_steps_defaults_and_bounds(tmp_path, monkeypatch):
+    from moe_overlap.verify import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "cuda_device_count", lambda: 2)
+    gpu = make_plan(VerifyOptions(out=tmp_path / "g", device="cuda", steps=12))
+    assert gpu.max_steps == 60 and worker_options(gpu)[-2:] == ["--max-steps", "60"]
+    assert make_plan(VerifyOptions(out=tmp_path / "g", device="cuda", steps=100)).max_steps == 300
+    cpu = make_plan(VerifyOptions(out=tmp_path / "c", steps=12))
+    assert cpu.max_steps == 12 and "--max-steps" not in worker_options(cpu)
+    assert make_plan(VerifyOptions(out=tmp_path / "c", steps=4, max_steps=9)).max_steps == 9
+    with pytest.raises(VerifyInputError) as err:
+        make_plan(VerifyOptions(out=tmp_path / "c", steps=8, max_steps=4))
+    assert err.value.field == "max_steps"
+
+
+def test_every_rank_decides_alike_when_throughput_is_settled():
+    from types import SimpleNamespace
+
+    from moe_overlap.verify.worker import throughput_settled
+
+    def runner(name, times):
+        return SimpleNamespace(spec=SimpleNamespace(name=name), step_times=list(times))
+
+    base = runner("baseline", [2.0] + [1.0, 1.01, 0.99, 1.0, 1.02, 0.98])
+    clear = runner("overlap", [2.0] + [0.8, 0.81, 0.79, 0.8, 0.82, 0.78])  # 25% faster: pass
+    wobbly = runner("overlap+wgrad", [2.0, 0.7, 1.3, 0.98, 1.4, 0.6, 1.0])  # straddles the line
+    assert throughput_settled([base, clear], "cuda")
+    assert not throughput_settled([base, clear, wobbly], "cuda")
+    assert throughput_settled([clear], "cuda")  # no baseline: nothing to settle
