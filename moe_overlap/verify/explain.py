@@ -146,14 +146,14 @@ def _explanation(rows: list[ModeBreakdown], comparisons: dict[str, dict[str, Any
                            ceiling_ratio=round(ceiling, 4) if ceiling else None)
     best_c = comparisons.get(best.mode, {})
     noisy = best_c.get("change") == "no clear change" and best_c.get("half_width", 0.0) > NOISY_HALF_WIDTH
-    if share < SMALL_COMM_SHARE:
+    if share < SMALL_COMM_SHARE and ceiling:
         cause = (f"all-to-all is {share:.0%} of the step on {link} ({pieces.comm_s * ms:.1f} of "
                  f"{base.step_s * ms:.1f} ms); overlap can hide at most that (x{ceiling:.2f} at best)")
     elif noisy:
         steps = best_c.get("steps_to_settle")
         cause = (f"the steps are too noisy to tell: {best.mode} measured x{best.measured_ratio:.3f} with a band of "
                  f"x{best_c.get('band_low', 0):.3f}-x{best_c.get('band_high', 0):.3f}, while all-to-all is "
-                 f"{share:.0%} of the step on {link} (x{ceiling:.2f} if all of it were hidden)"
+                 f"{share:.0%} of the step on {link}" + (f" (x{ceiling:.2f} if all of it were hidden)" if ceiling else "")
                  + (f"; about {steps} steps per mode would settle it" if steps else ""))
     elif probe is not None and probe < POOR_EFFICIENCY:
         why = ("the all-to-all kernels take SMs the expert GEMMs need" if device == "cuda" and link.startswith("NVLink")

@@ -48,6 +48,8 @@ def calibration_from_pieces(pieces: StepPieces, *, backend: str, world: int, pre
     if pieces.experts_s <= 0 or pieces.expert_flops <= 0:
         return None, "the expert GEMMs were not timed"
     per_call = pieces.a2a_s / pieces.a2a_calls
+    if per_call <= 0:
+        return None, "the all-to-alls took no measurable time"
     latency = pieces.count_exchange_s / pieces.count_exchanges if pieces.count_exchanges else 0.0
     # The count exchange also copies counts to the host: never let it claim more than half an all-to-all.
     latency = min(latency, 0.5 * per_call)

@@ -144,3 +144,12 @@ def test_a_run_feeds_the_estimator(tmp_path):
         calibration_from_run(tmp_path)
     with pytest.raises(RunCalibrationError, match="not a readable"):
         calibration_from_run(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("comm_s", [0.0, 0.0999, 0.2])
+def test_degenerate_pieces_still_explain(comm_s):
+    """All-to-alls timed alone longer than the whole baseline step (a noisy machine), or none at all."""
+    runs = [_run("baseline", 0.100, jitter=0.3), _run("overlap", 0.100, jitter=0.3)]
+    a, _ = _analysis(runs, _pieces(comm_s=comm_s))
+    assert a.explanation is not None and a.explanation.cause
+    assert a.modes[0].compute_s >= 0 and a.modes[1].exposed_comm_s >= 0
