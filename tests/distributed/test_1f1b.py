@@ -174,7 +174,7 @@ def test_1f1b_bitwise_equals_sequential(world):
 
 
 def _expected_overlapped_step(num_layers: int) -> list[tuple[str, int, int]]:
-    """ANCHORS.md section 3, per layer pair: forward layer i of micro-batch 1 | backward layer L-1-i of 0."""
+    """Megatron-Core's order (model_chunk_schedule_plan.py), per layer pair: forward layer i of micro-batch 1 | backward layer L-1-i of 0."""
     out = []
     for i in range(num_layers):
         f, b = (1, i), (0, num_layers - 1 - i)
@@ -195,7 +195,7 @@ def _check_trace(trace, num_layers: int) -> None:
     first = [(n, 0, i) for i in range(num_layers) for n in fwd]
     pair = _expected_overlapped_step(num_layers)
     assert trace[:len(first)] == first, "micro-batch 0 forward must run alone first"
-    assert trace[len(first):len(first) + len(pair)] == pair, "overlapped step out of ANCHORS section 3 order"
+    assert trace[len(first):len(first) + len(pair)] == pair, "overlapped step out of Megatron-Core's layer-pair order"
     rest = trace[len(first) + len(pair):]
     assert {mb for _, mb, layer in rest if layer >= 0} == {1}, "only micro-batch 1's backward runs alone last"
     assert [layer for n, _, layer in rest if n == "pre_backward"] == list(range(num_layers))[::-1]
