@@ -28,7 +28,7 @@ def add_arguments(parser) -> None:
                              "on this host: all-to-alls behave like an inter-node link)")
     parser.add_argument("--a2a", choices=["nccl", "ce", "auto"],
                         help="all-to-all transport (cuda): nccl, ce (copy engines, one host), auto "
-                             "(default: the process group's own)")
+                             "(default: auto on cuda with the native fabric, else the process group's own)")
     parser.add_argument("--no-explain", action="store_true",
                         help="skip timing the step's all-to-alls and expert GEMMs alone after training")
     parser.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit in seconds (default 600)")

@@ -36,7 +36,8 @@ class VerifyOptions(BaseModel):
                               "transport over loopback: the all-to-all behaves like an inter-node link); cuda only")
     a2a: Literal["nccl", "ce", "auto"] | None = Field(
         None, description="all-to-all transport (ep/transport.py): nccl, ce (copy engines, one host), auto; "
-                          "default: the process group's own (NCCL on cuda, gloo on cpu)")
+                          "default: auto on cuda with the native fabric (copy engines when every rank is on one "
+                          "host, NCCL otherwise), the process group's own otherwise (NCCL, gloo on cpu)")
     explain: bool = Field(True, description="after training, time the step's all-to-alls and expert GEMMs alone in "
                                             "the same ranks (the report's split of the step time)")
     timeout_s: float = Field(600.0, gt=0, description="wall-clock limit of the whole run")

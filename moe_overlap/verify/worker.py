@@ -101,8 +101,15 @@ def _comm_setup(cfg, args, group, device, world: int):
     import torch.distributed as dist
 
     counts_group = dist.new_group(backend="gloo") if world > 1 else None
-    if args.a2a is None:
-        return counts_group, None, ("nccl" if device.type == "cuda" else "gloo") + " (the process group's own)"
+    kind = args.a2a
+    if kind is None:
+        # Default on CUDA: copy engines when every rank is on this host with peer access (on NVLink an
+        # SM-driven NCCL all-to-all hides almost nothing behind the GEMMs; docs/benchmarks.md), NCCL
+        # otherwise; the emulated inter-node fabric is there to run NCCL's network transport.
+        if device.type != "cuda" or world == 1 or args.fabric != "native":
+            return counts_group, None, ("nccl" if device.type == "cuda" else "gloo") + " (the process group's own)"
+        kind = "auto"
+    args.a2a = kind
     from moe_overlap.ep.transport import make_transport
     from moe_overlap.verify.train import DTYPES
 
@@ -111,7 +118,7 @@ def _comm_setup(cfg, args, group, device, world: int):
     transport, reason = make_transport(args.a2a, group, device,
                                        max_rows=cfg.micro_batch_size * cfg.seq_length * cfg.moe_router_topk,
                                        max_row_bytes=cfg.hidden_size * esize)
-    return counts_group, transport, f"{args.a2a}: {reason}"
+    return counts_group, transport, f"{kind}: {reason}"
 
 
 def _explain(runners, cfg, rank: int, group, device, counts_group, transport, rec) -> None:
