@@ -61,7 +61,7 @@ def test_megatron_lm_argv():
     cfg = parse_config(argv="pretrain_gpt.py --overlap-moe-expert-parallel-comm --expert-model-parallel-size 8 "
                             "--num-experts 64 --moe-token-dispatcher-type alltoall --bf16 --recompute-modules "
                             "moe_act layernorm --no-gradient-accumulation-fusion --overlap-grad-reduce "
-                            "--lr 1e-4 --overlap-moe-expert-paralel-comm")
+                            "--lr 1e-4 --moe-router-topk-scaling 2")
     values, _ = effective_values(cfg)
     assert values["overlap_moe_expert_parallel_comm"] is True
     assert values["expert_model_parallel_size"] == 8 and values["num_moe_experts"] == 64
@@ -69,7 +69,16 @@ def test_megatron_lm_argv():
     assert values["gradient_accumulation_fusion"] is False and values["overlap_grad_reduce"] is True
     notes = _notes(cfg)
     assert ("unknown-key", "--lr") in notes
-    assert "did you mean --overlap-moe-expert-parallel-comm" in notes[("unknown-key", "--overlap-moe-expert-paralel-comm")]
+    assert ("unknown-key", "--moe-router-topk-scaling") in notes
+
+
+@pytest.mark.parametrize("flag,near", [("--overlap-moe-expert-paralel-comm", "--overlap-moe-expert-parallel-comm"),
+                                       ("--delay-wgrad-compte", "--delay-wgrad-compute"),
+                                       ("--expert-model-parallel-szie", "--expert-model-parallel-size")])
+def test_argv_flag_one_edit_from_a_known_one_is_an_error(flag, near):
+    with pytest.raises(ConfigError) as err:
+        parse_config(argv=f"pretrain_gpt.py {flag} --bf16")
+    assert near in err.value.message and err.value.field == flag
 
 
 def test_argv_bad_integer_names_the_flag():
@@ -89,15 +98,57 @@ def test_argv_that_a_shell_cannot_split_is_a_config_error(argv, capsys):
 
 
 def test_unknown_keys_kept_with_did_you_mean():
-    cfg = parse_config({"model": {"expert_model_paralel_size": 8, "moe_router_topk": 8, "overlap_grad_reduce": True},
-                        "optimizer": {"lr": 1e-4}, "modle": {}})
+    cfg = parse_config({"model": {"expert_model_paralell_sizes": 8, "moe_router_topk": 8, "overlap_grad_reduce": True},
+                        "optimizer": {"lr": 1e-4}, "modelss": {}})
     notes = _notes(cfg)
-    assert "did you mean 'expert_model_parallel_size'" in notes[("unknown-key", "model.expert_model_paralel_size")]
+    assert "did you mean 'expert_model_parallel_size'" in notes[("unknown-key", "model.expert_model_paralell_sizes")]
     assert ("unknown-key", "model.moe_router_topk") in notes
     assert "belongs in comm_overlap" in notes[("wrong-section", "model.overlap_grad_reduce")]
-    assert "did you mean 'model'" in notes[("unknown-key", "modle")]
+    assert "did you mean 'model'" in notes[("unknown-key", "modelss")]
     assert ("unknown-key", "optimizer") not in notes  # a known Bridge section: kept quietly
     assert cfg.model.model_extra["moe_router_topk"] == 8  # kept
+
+
+@pytest.mark.parametrize("data,field,near", [
+    ({"modle": {"expert_model_parallel_size": 8}}, "modle", "model"),
+    ({"comm_overlap": {"overlap_moe_expert_paralel_comm": True}}, "comm_overlap.overlap_moe_expert_paralel_comm",
+     "overlap_moe_expert_parallel_comm"),
+    ({"model": {"delay_wgrad_comptue": True}}, "model.delay_wgrad_comptue", "delay_wgrad_compute"),
+    ({"overlap_moe_expert_parallel_com": True}, "overlap_moe_expert_parallel_com", "overlap_moe_expert_parallel_comm"),
+    ({"Model": {}}, "Model", "model"),
+    ({"model": {"overlap_grad_reduc": True}}, "model.overlap_grad_reduc", "overlap_grad_reduce"),
+])
+def test_a_key_one_edit_from_a_known_one_is_an_error_naming_it(data, field, near):
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert err.value.field == field and repr(near) in err.value.message and near in err.value.fix
+
+
+def test_a_misspelt_overlap_flag_never_validates_valid():
+    from moe_overlap.skill.rules.validate import validate_config
+
+    right = {"model": {"expert_model_parallel_size": 8, "num_moe_experts": 64}}
+    for spelling in ("overlap_moe_expert_paralel_comm", "overlap_moe_expert_parallel_coom",
+                     "overlap_moe_expret_parallel_comm", "ovrelap_moe_expert_parallel_comm"):
+        with pytest.raises(ConfigError, match="one edit away"):
+            validate_config({**right, "comm_overlap": {spelling: True}}, detect=False, env={})
+
+
+def test_real_megatron_core_fields_are_never_taken_for_misspellings():
+    import dataclasses
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tc = pytest.importorskip("megatron.core.transformer.transformer_config")
+        ddp = pytest.importorskip("megatron.core.distributed.distributed_data_parallel_config")
+    model_fields = [f.name for f in dataclasses.fields(tc.TransformerConfig)]
+    ddp_fields = [f.name for f in dataclasses.fields(ddp.DistributedDataParallelConfig)]
+    from moe_overlap.skill.config.model import DdpSection, ModelSection
+
+    cfg = parse_config({"model": {k: 1 for k in model_fields if k not in ModelSection.model_fields},
+                        "ddp": {k: 1 for k in ddp_fields if k not in DdpSection.model_fields}})
+    assert cfg.model.model_extra  # kept as unknown keys (notes), none refused as a misspelling
 
 
 def test_renamed_cuda_graph_field_accepted_under_both_names():
@@ -162,7 +213,7 @@ def test_bad_files(tmp_path):
     latin.write_bytes(b"model:\n  name: caf\xe9\n")
     with pytest.raises(ConfigError, match="not UTF-8"):
         parse_config(latin)
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match="no such config file"):
         parse_config(tmp_path / "missing.yaml")
     dup = tmp_path / "dup.json"
     dup.write_text('{"model": {"bf16": true, "bf16": false}}')

@@ -150,7 +150,7 @@ _MEGATRON_SOURCES = {
                       "overlap_moe_expert_parallel_comm": True, "hidden_size": 2048, "seq_length": 512},
     "unknown-and-renamed": {"model": {"expert_model_parallel_size": 2, "num_moe_experts": 4, "fp16": True,
                                       "cuda_graph_modules": ["attn"], "moe_tokn_dispatcher": "flex"},
-                            "comm_overlap": {"delay_wgrad_compute": True}, "optimzer": {"lr": 1e-4},
+                            "comm_overlap": {"delay_wgrad_compute": True}, "optimiser_settings": {"lr": 1e-4},
                             "mixed_precision": "bf16_mixed"},
 }
 

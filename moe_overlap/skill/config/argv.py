@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from moe_overlap.skill.config.load import ConfigError
+from moe_overlap.skill.config.names import near_miss
 
 # flag -> (section, field, kind). kind: "true"/"false" (store_true / store_false), "int", "str", "list".
 FLAGS: dict[str, tuple[str, str, str]] = {
@@ -88,8 +89,13 @@ def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], li
             values.append(tokens[i])
             i += 1
         spec = FLAGS.get(flag)
+        if spec is None and (near := near_miss(flag, FLAGS)) is not None:
+            # A misspelt flag the validator reads would leave its setting at the default: never a silent pass.
+            raise ConfigError(f"Megatron-LM flag {flag[:80]} is one edit away from {near}: a misspelt flag is not "
+                              "read, so the setting it means would silently keep its default", field=flag[:80],
+                              fix=f"spell it {near}")
         if spec is None:
-            close = difflib.get_close_matches(flag, FLAGS, n=1, cutoff=0.8)
+            close = difflib.get_close_matches(flag, FLAGS, n=1, cutoff=0.8) if len(flag) < 100 else []
             hint = f" (did you mean {close[0]}?)" if close else ""
             unknown.append((flag, f"Megatron-LM flag {flag} is not read by the validator{hint}"))
             continue

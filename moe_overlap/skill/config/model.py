@@ -8,21 +8,26 @@ A ``comm_overlap`` value that is set overrides the model's (and ddp's), as Bridg
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from moe_overlap.skill.config.argv import parse_argv
-from moe_overlap.skill.config.load import ConfigError, parse_text, read_file
+from moe_overlap.skill.config.load import ConfigError, check_values, parse_text, parse_value, read_file
+from moe_overlap.skill.config.names import did_you_mean, near_miss
 
 __all__ = ["ConfigError", "ConfigNote", "OverlapConfig", "parse_config", "effective_values"]
 
 DispatcherType = Literal["allgather", "alltoall", "flex"]
 FlexBackend = Literal["deepep", "hybridep", "ncclep"]
+# Upper limits: far above any real job, low enough that no rule's arithmetic can overflow or take long.
+MAX_PARALLEL = 65_536  # TP, PP, CP, EP degree; experts
+MAX_LAYERS = 100_000
+MAX_SIZE = 1 << 24  # hidden-like sizes, data-parallel size
+MAX_BATCH = 1 << 32
+MAX_LIST = 256
 
 
 class _Section(BaseModel):
@@ -34,31 +39,31 @@ class ModelSection(_Section):
 
     overlap_moe_expert_parallel_comm: bool = False
     delay_wgrad_compute: bool = False
-    expert_model_parallel_size: int = Field(1, ge=1, description="EP size")
-    num_moe_experts: int | None = Field(None, ge=0, description="experts per MoE layer")
+    expert_model_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL, description="EP size")
+    num_moe_experts: int | None = Field(None, ge=0, le=MAX_PARALLEL, description="experts per MoE layer")
     moe_token_dispatcher_type: DispatcherType = "allgather"
     moe_flex_dispatcher_backend: FlexBackend | None = Field(None, description="None: not set")
     moe_enable_deepep: bool = Field(False, description="deprecated: flex + deepep")
     bf16: bool = False
     fp16: bool = False
-    tensor_model_parallel_size: int = Field(1, ge=1)
-    pipeline_model_parallel_size: int = Field(1, ge=1)
-    virtual_pipeline_model_parallel_size: int | None = Field(None, ge=1)
-    num_layers_per_virtual_pipeline_stage: int | None = Field(None, ge=1)
-    context_parallel_size: int = Field(1, ge=1)
+    tensor_model_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL)
+    pipeline_model_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL)
+    virtual_pipeline_model_parallel_size: int | None = Field(None, ge=1, le=MAX_LAYERS)
+    num_layers_per_virtual_pipeline_stage: int | None = Field(None, ge=1, le=MAX_LAYERS)
+    context_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL)
     recompute_granularity: Literal["full", "selective"] | None = None
     recompute_method: Literal["uniform", "block"] | None = None
-    recompute_num_layers: int | None = Field(None, ge=0)
-    recompute_modules: list[str] | None = None
+    recompute_num_layers: int | None = Field(None, ge=0, le=MAX_LAYERS)
+    recompute_modules: list[str] | None = Field(None, max_length=MAX_LIST)
     moe_shared_expert_overlap: bool = False
-    moe_shared_expert_intermediate_size: int | None = Field(None, ge=1)
-    mtp_num_layers: int | None = Field(None, ge=0)
+    moe_shared_expert_intermediate_size: int | None = Field(None, ge=1, le=MAX_SIZE)
+    mtp_num_layers: int | None = Field(None, ge=0, le=MAX_LAYERS)
     cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = Field(
         "none", description="full_iteration: megatron-core >= 0.18")
     cuda_graph_scope: list[str] | None = Field(
-        None, description="megatron-core <= 0.17 name; `cuda_graph_modules` from 0.18 (both accepted)")
+        None, max_length=MAX_LIST, description="megatron-core <= 0.17 name; `cuda_graph_modules` from 0.18 (both accepted)")
     fine_grained_activation_offloading: bool = False
-    offload_modules: list[str] | None = None
+    offload_modules: list[str] | None = Field(None, max_length=MAX_LIST)
     moe_grouped_gemm: bool = True
     moe_use_legacy_grouped_gemm: bool = False
     gradient_accumulation_fusion: bool | None = Field(
@@ -88,7 +93,7 @@ class CommOverlapSection(_Section):
     overlap_grad_reduce: bool | None = None
     overlap_param_gather: bool | None = None
     tp_comm_overlap: bool | None = None
-    data_parallel_size: int | None = Field(None, ge=1)
+    data_parallel_size: int | None = Field(None, ge=1, le=MAX_SIZE)
 
 
 class DdpSection(_Section):
@@ -100,9 +105,9 @@ class DdpSection(_Section):
 
 
 class TrainSection(_Section):
-    global_batch_size: int | None = Field(None, ge=1)
-    micro_batch_size: int | None = Field(None, ge=1)
-    data_parallel_size: int | None = Field(None, ge=1, description="not a Bridge field: lets the validator "
+    global_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
+    micro_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
+    data_parallel_size: int | None = Field(None, ge=1, le=MAX_SIZE, description="not a Bridge field: lets the validator "
                                            "count micro-batches per data-parallel rank")
 
 
@@ -144,8 +149,30 @@ RENAMED = {"cuda_graph_modules": "cuda_graph_scope"}  # later Megatron-Core name
 
 
 def _did_you_mean(key: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return did_you_mean(key, choices)
+
+
+def _known_names() -> set[str]:
+    """Every name the parser reads or knows: sections, quiet sections, section fields, renamed fields."""
+    names = set(SECTIONS) | QUIET_SECTIONS | set(RENAMED) | set(OverlapConfig.model_fields)
+    for model in SECTIONS.values():
+        names |= set(model.model_fields)
+    return names
+
+
+def looks_like_config(data: Mapping[str, Any]) -> bool:
+    """A mapping naming at least one known section or field (what a file without a config suffix must be)."""
+    known = _known_names()
+    return any(isinstance(k, str) and k in known for k in data)
+
+
+def _near_miss_error(path: str, key: str, candidates: set[str], where: str) -> ConfigError | None:
+    close = near_miss(key, candidates)
+    if close is None:
+        return None
+    return ConfigError(f"unknown key {path!r} is one edit away from {where}{close!r}: a misspelt key is not read, "
+                       "so the setting it means would silently keep its default", field=path,
+                       fix=f"rename {key!r} to {close!r} (or remove it)")
 
 
 def _section_of(field: str) -> str | None:
@@ -172,6 +199,8 @@ def _normalise(raw: Mapping[Any, Any], notes: list[ConfigNote]) -> dict[str, Any
             notes.append(ConfigNote(kind="derived-value", path=f"{section}.{key}",
                                     message=f"top-level key {key!r} read as {section}.{key}"))
         else:
+            if key not in QUIET_SECTIONS and (err := _near_miss_error(key, key, _known_names(), "")) is not None:
+                raise err
             out[key] = value
             if key not in QUIET_SECTIONS:
                 notes.append(ConfigNote(kind="unknown-key", path=key, message=(
@@ -196,6 +225,11 @@ def _normalise(raw: Mapping[Any, Any], notes: list[ConfigNote]) -> dict[str, Any
             elif key not in model.model_fields and (other := _section_of(key)) is not None:
                 _misplaced(out, section, other, key, notes)
             elif key not in model.model_fields:
+                own = set(model.model_fields) | (set(RENAMED) if section == "model" else set())
+                err = (_near_miss_error(f"{section}.{key}", key, own, f"{section}.")
+                       or _near_miss_error(f"{section}.{key}", key, _known_names() - set(SECTIONS), ""))
+                if err is not None:
+                    raise err
                 hint = _did_you_mean(key, list(model.model_fields))
                 notes.append(ConfigNote(kind="unknown-key", path=f"{section}.{key}",
                                         message=f"unknown key {section}.{key} kept, not read{hint}"))
@@ -224,10 +258,7 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
     parts = key.split(".")
     if len(parts) == 1 and (section := _section_of(key)) is not None:
         parts = [section, key]
-    try:
-        value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
-        value = text  # a plain string the YAML scanner dislikes, e.g. "a: b"
+    value = parse_value(text, name=key) if text.strip() else None
     node = data
     for part in parts[:-1]:
         nxt = node.setdefault(part, {})
@@ -239,15 +270,15 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
 
 def _load(source: Any) -> dict[str, Any]:
     if isinstance(source, Mapping):
-        return dict(source)
+        return check_values(source)  # a copy: the caller's dict is never modified
     if isinstance(source, OverlapConfig):
         return source.model_dump(exclude_unset=True)
     if isinstance(source, Path):
-        return read_file(source)
+        return read_file(source, recognised=looks_like_config)
     if isinstance(source, str):
         # One short line that is not "key: value" is a file name; anything else is YAML text.
         if source.strip() and "\n" not in source and ": " not in source and len(source) < 4096:
-            return read_file(Path(source))
+            return read_file(Path(source), recognised=looks_like_config)
         return parse_text(source)
     raise ConfigError(f"config must be a mapping, a path or YAML text, got a {type(source).__name__}")
 
@@ -286,7 +317,7 @@ def parse_config(source: Any = None, overrides: Sequence[str] = (), *,
         notes.extend(ConfigNote(kind="unknown-key", path=flag, message=msg) for flag, msg in unknown)
     for item in overrides:
         _apply_override(data, item)
-    normalised = _normalise(data, notes)
+    normalised = _normalise(check_values(data) if overrides or argv else data, notes)
     try:
         cfg = OverlapConfig.model_validate(normalised)
     except ValidationError as exc:

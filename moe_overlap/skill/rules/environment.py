@@ -54,7 +54,7 @@ def parse_gpu(text: str) -> tuple[str | None, str]:
     for word in words:
         if word in GPU_CAPABILITY:
             return raw, GPU_CAPABILITY[word]
-    raise ConfigError(f"gpu {text!r}: unknown GPU name; give a known name or a compute capability",
+    raise ConfigError(f"gpu {text[:60]!r}: unknown GPU name; give a known name or a compute capability",
                       field="gpu", fix="e.g. --gpu H100 or --gpu 9.0",
                       choices=sorted(GPU_CAPABILITY))
 
@@ -86,7 +86,7 @@ def detect_environment(*, torch_version: str | None = None, te_version: str | No
     """Given values win; the rest is detected when `detect`, else left unknown."""
     for name, value in (("torch_version", torch_version), ("te_version", te_version)):
         if value is not None and not is_version_number(value):
-            raise ConfigError(f"{name} {value!r} is not a version number", field=name, fix="e.g. 2.6.0")
+            raise ConfigError(f"{name} {value[:40]!r} is not a version number", field=name, fix="e.g. 2.6.0")
     out = Environment()
     if torch_version is not None:
         out.torch_version, out.torch_version_source = torch_version, "given"

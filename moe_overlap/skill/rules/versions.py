@@ -16,7 +16,9 @@ from importlib import metadata
 KNOWN_CORE_RELEASES: tuple[tuple[int, int], ...] = ((0, 16), (0, 17), (0, 18), (0, 19))
 OLDEST, NEWEST = KNOWN_CORE_RELEASES[0], KNOWN_CORE_RELEASES[-1]
 
-_VERSION = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[.\-_]?(a|b|rc|dev|alpha|beta|pre)\.?\d*)?")
+# At most 9 digits a part: a 5000-digit "version" is not one (and int() of it would raise).
+_VERSION = re.compile(r"^\s*v?(\d{1,9})(?!\d)(?:\.(\d{1,9})(?!\d))?(?:\.(\d{1,9})(?!\d))?"
+                      r"(?:[.\-_]?(a|b|rc|dev|alpha|beta|pre)\.?\d{0,9})?")
 
 
 def parse_version(text: str | None) -> tuple[int, int, int, int] | None:
@@ -94,7 +96,7 @@ def select_core(requested: str | None = None) -> CoreSelection:
     if parsed is None or (source == "given" and not is_version_number(requested)):
         from moe_overlap.skill.config.load import ConfigError
 
-        raise ConfigError(f"megatron-core version {requested!r} is not a version number",
+        raise ConfigError(f"megatron-core version {requested[:40]!r} is not a version number",
                           field="megatron_core_version", fix="e.g. --megatron-core-version 0.16.1")
     line = parsed[:2]
     if line < OLDEST or line > NEWEST:
