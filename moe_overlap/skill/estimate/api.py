@@ -29,7 +29,13 @@ from moe_overlap.skill.estimate.model import (
 )
 from moe_overlap.skill.estimate.models import MODELS, model_preset
 from moe_overlap.skill.estimate.text import assumptions
-from moe_overlap.skill.estimate.timeline import NodeTimes, blend, layer_timeline, one_f_one_b_timeline
+from moe_overlap.skill.estimate.timeline import (
+    NodeTimes,
+    TimelineTooLong,
+    blend,
+    layer_timeline,
+    one_f_one_b_timeline,
+)
 
 __all__ = ["Calibration", "EstimateError", "EstimateRequest", "EstimateResult", "estimate_overlap_benefit",
            "parse_request"]
@@ -69,7 +75,9 @@ def parse_request(data: dict) -> EstimateRequest:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(x) for x in err["loc"]) or "request"
-        raise EstimateError(field, f"{err['msg']} (got {err.get('input')!r})",
+        got = repr(err.get("input"))
+        got = got if len(got) <= 80 else got[:77] + "..."
+        raise EstimateError(field, f"{err['msg']} (got {got})",
                             f"give '{field}' a valid value; see `moe-overlap estimate --help`") from None
     check_request(req)
     return req
@@ -246,7 +254,10 @@ def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
     out.append(sched("chunked", blend(ch, eff) * scale, ch.busy["compute"] * scale, ch.busy["comm"] * scale,
                      f"{req.chunks} token chunks per layer; each adds {p.a2a_latency_ms:.3f} ms latency per all-to-all"))
     for name, delay in (("1f1b", False), ("1f1b+wgrad", True)):
-        tl = one_f_one_b_timeline(nodes, L, m, delay)
+        try:
+            tl = one_f_one_b_timeline(nodes, L, m, delay)
+        except TimelineTooLong as exc:
+            raise EstimateError("micro_batches", str(exc), "give fewer layers or micro-batches") from None
         note = ("needs >= 2 micro-batches (warning single-micro-batch): same as none" if m < 2 else
                 "first forward and last backward run alone; forward of micro-batch k+1 overlaps backward of k")
         out.append(sched(name, blend(tl, eff), tl.busy["compute"], tl.busy["comm"], note, available=m >= 2))

@@ -12,6 +12,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from moe_overlap.skill.estimate.models import MODELS, model_preset
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# Limits far beyond any real job that keep every product in the cost model finite and the timelines short
+# (docs/limits.md): rates between 1e-6 and 1e6-1e7 of their unit, times up to 1e6 ms, sizes up to 2^20 - 2^24.
+MIN_RATE, MAX_RATE = 1e-6, 1e6
+MAX_MS = 1e6
+MAX_DIM = 1 << 20  # hidden, FFN
+MAX_TOKENS = 1 << 24
+MAX_EXPERTS = 65_536
+MAX_LAYERS = 1024
+MAX_MICRO_BATCHES = 65_536
+MAX_CHUNKS = 64
 
 
 class Calibration(BaseModel):
@@ -19,23 +29,24 @@ class Calibration(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    expert_tflops: float = Field(gt=0, description="grouped expert GEMM rate, TFLOP/s")
-    dense_tflops: float = Field(gt=0, description="plain matmul rate, TFLOP/s")
-    mem_gbps: float | None = Field(None, gt=0, description="row gather (index_select) rate, bytes read + written, "
+    expert_tflops: float = Field(ge=MIN_RATE, le=MAX_RATE, description="grouped expert GEMM rate, TFLOP/s")
+    dense_tflops: float = Field(ge=MIN_RATE, le=MAX_RATE, description="plain matmul rate, TFLOP/s")
+    mem_gbps: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE * 10,
+                                   description="row gather (index_select) rate, bytes read + written, "
                                    "GB/s; None: not measured (a verification run's pieces count those kernels in "
                                    "the attention/other time instead)")
-    perm_ns_per_elem: float | None = Field(None, ge=0, description="gathers and weighting (permute, sort, "
+    perm_ns_per_elem: float | None = Field(None, ge=0, le=MAX_RATE, description="gathers and weighting (permute, sort, "
                                            "unsort, unpermute), forward + backward, ns per routed token per D element")
-    act_ns_per_elem: float | None = Field(None, ge=0, description="SwiGLU forward + backward cost per routed "
+    act_ns_per_elem: float | None = Field(None, ge=0, le=MAX_RATE, description="SwiGLU forward + backward cost per routed "
                                           "token per F element, ns (our kernels, not fused)")
-    wgrad_ns_per_weight: float | None = Field(None, ge=0, description="cost per local expert weight element of one "
+    wgrad_ns_per_weight: float | None = Field(None, ge=0, le=MAX_RATE, description="cost per local expert weight element of one "
                                               "weight-gradient pass (written whatever the rows), ns")
-    a2a_gbps: float = Field(gt=0, description="all-to-all bandwidth per rank per direction (already achieved)")
-    a2a_latency_us: float = Field(ge=0, description="fixed cost of one all-to-all")
+    a2a_gbps: float = Field(ge=MIN_RATE, le=MAX_RATE, description="all-to-all bandwidth per rank per direction (already achieved)")
+    a2a_latency_us: float = Field(ge=0, le=MAX_MS * 1000, description="fixed cost of one all-to-all")
     overlap_efficiency: float = Field(ge=0, le=1, description="share of the shorter of (a2a, matmul) hidden "
                                       "when both run at once")
-    overhead_ms: float = Field(0.0, ge=0, description="fixed host cost of one MoE layer fwd+bwd (python, small ops)")
-    source: str = Field(description="machine, backend, world size, date")
+    overhead_ms: float = Field(0.0, ge=0, le=MAX_MS, description="fixed host cost of one MoE layer fwd+bwd (python, small ops)")
+    source: str = Field(max_length=1000, description="machine, backend, world size, date")
 
 
 class EstimateRequest(BaseModel):
@@ -43,37 +54,39 @@ class EstimateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf would print as JSON-invalid Infinity
 
-    model: str | None = Field(None, description="model preset (shapes from its public config): "
+    model: str | None = Field(None, max_length=100, description="model preset (shapes from its public config): "
                                                 + ", ".join(sorted(MODELS)) + "; fills hidden, moe_ffn, experts, "
                                                 "topk, layers and the attention time unless given")
-    hidden: int | None = Field(None, gt=0, description="hidden size D (required unless model is given)")
-    moe_ffn: int | None = Field(None, gt=0, description="expert FFN hidden size F (w1 is [D, 2F], w2 is [F, D]); "
-                                                        "required unless model is given")
-    experts: int | None = Field(None, gt=0, description="number of routed experts E (required unless model is given)")
-    topk: int | None = Field(None, gt=0, description="experts per token K (required unless model is given)")
-    tokens: int = Field(gt=0, description="tokens per rank per micro-batch (sequence length x micro-batch size)")
-    seq_length: int | None = Field(None, gt=0, description="sequence length for a model preset's causal attention "
-                                                           "(default: tokens, i.e. micro-batch size 1)")
-    ep: int = Field(gt=0, description="expert-parallel degree N")
-    micro_batches: int = Field(1, gt=0, description="micro-batches per step (1f1b needs >= 2)")
-    layers: int = Field(1, gt=0, description="MoE layers (step times scale with it)")
-    gpus_per_node: int = Field(8, gt=0, description="GPUs per node (sets the intra/inter-node split)")
+    hidden: int | None = Field(None, gt=0, le=MAX_DIM, description="hidden size D (required unless model is given)")
+    moe_ffn: int | None = Field(None, gt=0, le=MAX_DIM, description="expert FFN hidden size F (w1 is [D, 2F], w2 is "
+                                "[F, D]); required unless model is given")
+    experts: int | None = Field(None, gt=0, le=MAX_EXPERTS, description="number of routed experts E (required unless "
+                                "model is given)")
+    topk: int | None = Field(None, gt=0, le=MAX_EXPERTS, description="experts per token K (required unless model is "
+                             "given)")
+    tokens: int = Field(gt=0, le=MAX_TOKENS, description="tokens per rank per micro-batch (sequence length x "
+                        "micro-batch size)")
+    seq_length: int | None = Field(None, gt=0, le=MAX_TOKENS, description="sequence length for a model preset's "
+                                   "causal attention (default: tokens, i.e. micro-batch size 1)")
+    ep: int = Field(gt=0, le=MAX_EXPERTS, description="expert-parallel degree N")
+    micro_batches: int = Field(1, gt=0, le=MAX_MICRO_BATCHES, description="micro-batches per step (1f1b needs >= 2)")
+    layers: int = Field(1, gt=0, le=MAX_LAYERS, description="MoE layers (step times scale with it)")
+    gpus_per_node: int = Field(8, gt=0, le=MAX_EXPERTS, description="GPUs per node (sets the intra/inter-node split)")
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    fabric: str | None = Field(None, description="link presets, e.g. 'h100-nvlink+ib-400g'")
-    intra_gbps: float | None = Field(None, gt=0, description="intra-node GB/s per GPU per direction (overrides fabric)")
-    inter_gbps: float | None = Field(None, gt=0, description="inter-node GB/s per GPU per direction (overrides fabric)")
+    fabric: str | None = Field(None, max_length=200, description="link presets, e.g. 'h100-nvlink+ib-400g'")
+    intra_gbps: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="intra-node GB/s per GPU per direction (overrides fabric)")
+    inter_gbps: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="inter-node GB/s per GPU per direction (overrides fabric)")
     a2a_efficiency: float | None = Field(None, gt=0, le=1, description="achieved fraction of link bandwidth")
-    gpu_preset: str | None = Field(None, description="GEMM/memory throughput preset (h100, h200)")
-    tflops: float | None = Field(None, gt=0, description="expert GEMM TFLOP/s (overrides the preset)")
-    dense_tflops: float | None = Field(None, gt=0, description="router/dense GEMM TFLOP/s (default: tflops)")
-    mem_gbps: float | None = Field(None, gt=0, description="memory-bound kernel GB/s (permute, activation)")
-    attn_ms: float | None = Field(None, ge=0, description="attention/dense forward time per layer per micro-batch; "
-                                                          "default: a model preset's attention FLOPs at the dense "
-                                                          "rate, else 0")
-    overhead_ms: float | None = Field(None, ge=0, description="fixed host cost per layer per micro-batch (fwd+bwd); "
+    gpu_preset: str | None = Field(None, max_length=100, description="GEMM/memory throughput preset (h100, h200)")
+    tflops: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="expert GEMM TFLOP/s (overrides the preset)")
+    dense_tflops: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="router/dense GEMM TFLOP/s (default: tflops)")
+    mem_gbps: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE * 10, description="memory-bound kernel GB/s (permute, activation)")
+    attn_ms: float | None = Field(None, ge=0, le=MAX_MS, description="attention/dense forward time per layer per "
+                                  "micro-batch; default: a model preset's attention FLOPs at the dense rate, else 0")
+    overhead_ms: float | None = Field(None, ge=0, le=MAX_MS, description="fixed host cost per layer per micro-batch (fwd+bwd); "
                                       "default: the calibration's, else 0")
-    other_ms: float = Field(0.0, ge=0, description="time per step outside the layers, never overlapped")
-    chunks: int = Field(4, ge=2, description="token chunks of the 'chunked' schedule")
+    other_ms: float = Field(0.0, ge=0, le=MAX_MS, description="time per step outside the layers, never overlapped")
+    chunks: int = Field(4, ge=2, le=MAX_CHUNKS, description="token chunks of the 'chunked' schedule")
     chunk_backward: bool = Field(True, description="the chunked schedule also pipelines the backward pass")
     overlap_efficiency: float | None = Field(None, ge=0, le=1,
                                              description="1: overlapped comm costs compute nothing; 0: no overlap")

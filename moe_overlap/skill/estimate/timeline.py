@@ -17,6 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MAX_SIMULATED_PAIRS = 200_000  # about 3 s of Python; a steady state appears within a few micro-batches
+
+
+class TimelineTooLong(ValueError):
+    """A schedule would take longer to simulate than an estimate may (never seen: steady states appear early)."""
+
 
 @dataclass(frozen=True)
 class NodeTimes:
@@ -107,7 +113,8 @@ def layer_timeline(n: NodeTimes, chunks: int = 1, chunk_backward: bool = True) -
     return tl
 
 
-def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wgrad: bool) -> Timeline:
+def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wgrad: bool, *,
+                         extrapolate: bool = True) -> Timeline:
     """Megatron-Core's cross-micro-batch overlap (model_chunk_schedule_plan.py) for a stack of identical layers.
 
     Forward of micro-batch k+1 runs with backward of micro-batch k, forward layer i paired with backward
@@ -115,6 +122,11 @@ def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wg
     runs b.post, f.pre, b.dgrad, [b.wgrad], f.mlp, b.pre, f.post and the comm stream b.combine,
     f.dispatch, b.dispatch, f.combine. Without delayed wgrad the backward dispatch waits for dgrad and
     wgrad; with it, only for dgrad, and wgrad runs beside the dispatch.
+
+    Work is bounded whatever `micro_batches`: the schedule is a max-plus system, so once the state (both
+    resources' free times, the last forward and backward finish) moves by the same amount in every component
+    over some period of micro-batches, every later period moves by that amount too; the rest is added in one
+    step (`extrapolate=False` runs every micro-batch, for the test that both agree).
     """
     tl = Timeline()
     a2a = n.a2a + n.a2a_latency
@@ -122,7 +134,8 @@ def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wg
     for _ in range(layers):  # first forward, alone
         t = _forward(tl, n, t, 1)
     f_done, b_grad = t, t
-    for _ in range(micro_batches - 1):
+
+    def pair_loop(f_done: float, b_grad: float) -> tuple[float, float]:
         for _ in range(layers):
             b_post = tl.add("compute", n.post_b, b_grad)
             b_comb = tl.add("comm", a2a, b_post)
@@ -139,7 +152,46 @@ def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wg
             f_comb = tl.add("comm", a2a, f_mlp)
             b_grad = tl.add("compute", n.pre_b, b_disp)
             f_done = tl.add("compute", n.post_f, f_comb)
+        return f_done, b_grad
+
+    history: list[tuple[float, ...]] = []
+    left = micro_batches - 1
+    pairs = 0
+    while left > 0:
+        f_done, b_grad = pair_loop(f_done, b_grad)
+        left -= 1
+        pairs += layers
+        if pairs > MAX_SIMULATED_PAIRS:
+            raise TimelineTooLong(f"the 1f1b schedule of {layers} layers x {micro_batches} micro-batches did not "
+                                  f"settle into a steady state within {MAX_SIMULATED_PAIRS} layer pairs")
+        history.append((tl.free["compute"], tl.free["comm"], f_done, b_grad, tl.busy["compute"], tl.busy["comm"]))
+        period = _period(history) if extrapolate and left else None
+        if period is not None:
+            now, before = history[-1], history[-1 - period]
+            jumps = left // period
+            shift = (now[0] - before[0]) * jumps
+            tl.free = {"compute": now[0] + shift, "comm": now[1] + shift}
+            tl.busy = {"compute": now[4] + (now[4] - before[4]) * jumps, "comm": now[5] + (now[5] - before[5]) * jumps}
+            f_done, b_grad = now[2] + shift, now[3] + shift
+            left -= jumps * period
+            history.clear()
     t = max(f_done, b_grad)
     for _ in range(layers):  # last backward, alone
         t = _backward(tl, n, t, 1)
     return tl
+
+
+def _period(history: list[tuple[float, ...]], max_period: int = 4) -> int | None:
+    """The smallest p <= max_period over which the last two periods moved every state component by one and the
+    same amount (and the busy times by the same amounts), or None."""
+    for p in range(1, max_period + 1):
+        if len(history) < 2 * p + 1:
+            return None
+        a, b, c = history[-1], history[-1 - p], history[-1 - 2 * p]
+        step = a[0] - b[0]
+        scale = max(1.0, abs(a[0]))
+        if all(abs((a[i] - b[i]) - step) <= 1e-12 * scale and abs((b[i] - c[i]) - step) <= 1e-12 * scale
+               for i in range(4)) and all(abs((a[i] - b[i]) - (b[i] - c[i])) <= 1e-12 * max(1.0, abs(a[i]))
+                                          for i in (4, 5)):
+            return p
+    return None
