@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -50,11 +51,30 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+def strict(data: Any) -> Any:
+    """`data` with every non-finite float replaced by None: `--format json` output is strict JSON (RFC 8259 has
+    no NaN or Infinity, and many parsers refuse them). Inputs are range-checked, so this is a last guard."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: strict(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [strict(v) for v in data]
+    return data
+
+
+def dumps(data: Any, **kwargs: Any) -> str:
+    try:
+        return json.dumps(data, allow_nan=False, default=str, **kwargs)
+    except ValueError:  # a NaN or Infinity somewhere
+        return json.dumps(strict(data), allow_nan=False, default=str, **kwargs)
+
+
 def emit(obj: Any, fmt: str, text: str | None = None) -> None:
     """Print `obj` as JSON/YAML, or `text` (defaults to a YAML rendering) for people."""
     data = to_jsonable(obj)
     if fmt == "json":
-        sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+        sys.stdout.write(dumps(data, indent=2, sort_keys=False) + "\n")
     elif fmt == "yaml" or text is None:
         import yaml
 
@@ -65,7 +85,7 @@ def emit(obj: Any, fmt: str, text: str | None = None) -> None:
 
 def print_error(exc: CommandError, fmt: str = "text") -> None:
     if fmt == "json":
-        sys.stdout.write(json.dumps(exc.to_dict(), indent=2) + "\n")
+        sys.stdout.write(dumps(exc.to_dict(), indent=2) + "\n")
         return
     lines = [f"error: {exc.message}"]
     if exc.fix:

@@ -20,7 +20,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 MAX_CONFIG_CHARS = 256 * 1024
 MAX_TEXT_CHARS = 64 * 1024  # error text / symptom given to diagnose_failure
 MAX_LOG_CHARS = 4 * 1024 * 1024  # log text given inline to check_training_log
-MAX_LOG_FILE_BYTES = 64 * 1024 * 1024  # a log file read from an allowed folder (tail kept beyond this)
+MAX_LOG_FILE_BYTES = 16 * 1024 * 1024  # a log file read from an allowed folder (head and tail kept beyond this)
 MAX_OVERRIDES = 64
 MAX_PATH_CHARS = 4096
 # Output limits: a tool result larger than this crowds the model's context; long lists are cut and the

@@ -2,5 +2,5 @@
 weighted shared words) and `logs.py` runs the seed's checks on a training log (check_training_log). Both only read:
 the card is the one data source, the log is given as text.
 
-May import: moe_overlap.skill.card
+May import: moe_overlap.skill.card, moe_overlap.skill.files
 """

@@ -19,14 +19,26 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from moe_overlap.skill.diagnose.loglines import (
+    KEY_LINE_CHARS,
+    line_count,
+    lines_before,
+    lines_matching,
+    log_value,
+    strip_prefixes,
+)
+
 KEYS = ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_token_dispatcher_type",
         "moe_flex_dispatcher_backend", "expert_model_parallel_size", "moe_enable_deepep")
 _KEY_ALT = "|".join(KEYS)
+# Matched on at most KEY_LINE_CHARS characters of a prefix-free line (loglines.py). The value is taken whole and
+# stripped in Python: a lazy `(.+?)\s*$` retries the end at every character, quadratic on a line of spaces.
 _PATTERNS = (
-    re.compile(rf"^\s*(?:[\w.\[\]]+\.)?({_KEY_ALT})\s+\.{{2,}}\s+(.+?)\s*$"),  # Megatron-LM dots
-    re.compile(rf"^\s*(?:[\w.]+\.)?({_KEY_ALT})\s*:\s*(.+?)\s*$"),  # YAML
-    re.compile(rf"\b({_KEY_ALT})\s*=\s*('[^']*'|\"[^\"]*\"|[^,\s)]+)"),  # key=value
+    re.compile(rf"[ \t]*(?:[\w.\[\]]{{1,200}}\.)?({_KEY_ALT})[ \t]+\.{{2,}}[ \t]+(\S.*)"),  # Megatron-LM dots
+    re.compile(rf"[ \t]*(?:[\w.]{{1,200}}\.)?({_KEY_ALT})[ \t]*:[ \t]*(\S.*)"),  # YAML
+    re.compile(rf"\b({_KEY_ALT})[ \t]*=[ \t]*('[^'\n]{{0,200}}'|\"[^\"\n]{{0,200}}\"|[^,\s)]{{1,200}})"),  # key=value
 )
+_ANY_KEY = re.compile(_KEY_ALT)
 # (kind, pattern): what makes a log not clean. Order matters only for reporting.
 _ERRORS = (
     ("assertion", re.compile(r"\bAssertionError\b")),
@@ -70,44 +82,67 @@ class LogCheckResult(BaseModel):
 
 
 def _value(text: str) -> Any:
-    t = text.strip().strip("'\"")
-    low = t.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if low in ("none", "null", "~", ""):
-        return None
-    if re.fullmatch(r"-?\d+", t):
-        return int(t)
-    return t
+    return log_value(text)
+
+
+_ITERATION = re.compile(r"\biteration[ \t]{1,64}\d{1,12}/")
+_BRIDGE_SECTION = re.compile(r"comm_overlap[ \t]*:")
+_ANY_ERROR = re.compile("|".join(f"(?:{pat.pattern})" for _, pat in _ERRORS))
+MAX_ERRORS_KEPT = 20  # LogCheckResult.errors: the first ones; each check still counts them all
 
 
 def _detect_format(text: str) -> str:
     if "[moe-overlap]" in text:
         return "moe-overlap"
-    if "------------------------ arguments ------------------------" in text or re.search(r"\biteration\s+\d+/", text):
+    if "------------------------ arguments ------------------------" in text or _ITERATION.search(text):
         return "megatron-lm"
-    if re.search(r"^\s*comm_overlap\s*:", text, re.M) or "ConfigContainer" in text or "megatron.bridge" in text:
+    if any(strip_prefixes(line).lstrip(" \t").startswith("comm_overlap")
+           for _, _, line in lines_matching(_BRIDGE_SECTION, text)) \
+            or "ConfigContainer" in text or "megatron.bridge" in text:
         return "megatron-bridge"
     return "unknown"
 
 
-def _scan(lines: list[str]) -> tuple[dict[str, tuple[Any, int, str]], list[LogError]]:
-    found: dict[str, tuple[Any, int, str]] = {}
-    errors: list[LogError] = []
-    for i, line in enumerate(lines, 1):
-        for pat in _PATTERNS:
-            hits = list(pat.finditer(line)) if pat is _PATTERNS[2] else [m for m in [pat.match(line)] if m]
-            for m in hits:
-                found[m.group(1)] = (_value(m.group(2)), i, line.strip()[:200])
-            if hits:
-                break
-        for kind, pat in _ERRORS:
-            if pat.search(line):
-                errors.append(LogError(kind=kind, line=i, text=line.strip()[:300]))
-                break
-    return found, errors
+class _Scan:
+    """The last value of each key, and the error lines (counted all, kept first few).
+
+    Only lines holding a key or an error pattern are looked at in Python (loglines.lines_matching); each with
+    its launcher / logging prefixes taken off first, so a prefixed log reads like a plain one.
+    """
+
+    def __init__(self) -> None:
+        self.found: dict[str, tuple[Any, int, str]] = {}
+        self.errors: list[LogError] = []  # the first MAX_ERRORS_KEPT
+        self.count: dict[str, int] = {}
+        self.first: dict[str, LogError] = {}  # per kind
+        self.overlap_asserts = 0
+        self.first_overlap_assert: LogError | None = None
+
+    def run(self, text: str) -> int:
+        for n, _, raw in lines_matching(_ANY_KEY, text):
+            head = strip_prefixes(raw[:KEY_LINE_CHARS])
+            for pat in _PATTERNS:
+                hits = list(pat.finditer(head)) if pat is _PATTERNS[2] else [m for m in [pat.match(head)] if m]
+                for m in hits:
+                    self.found[m.group(1)] = (_value(m.group(2)), n, raw.strip()[:200])
+                if hits:
+                    break
+        for n, start, raw in lines_matching(_ANY_ERROR, text):
+            line = strip_prefixes(raw)
+            kind = next(k for k, pat in _ERRORS if pat.search(line) or pat.search(raw))
+            self._error(kind, n, raw, text, start)
+        return line_count(text)
+
+    def _error(self, kind: str, n: int, raw: str, text: str, start: int) -> None:
+        err = LogError(kind=kind, line=n, text=raw.strip()[:300])
+        self.count[kind] = self.count.get(kind, 0) + 1
+        self.first.setdefault(kind, err)
+        if len(self.errors) < MAX_ERRORS_KEPT:
+            self.errors.append(err)
+        if kind == "assertion" and (_OVERLAP_ASSERT.search(err.text) or any(
+                _OVERLAP_ASSERT.search(x[:KEY_LINE_CHARS]) for x in lines_before(text, start, 6))):
+            self.overlap_asserts += 1
+            self.first_overlap_assert = self.first_overlap_assert or err
 
 
 def _flag_check(cid: str, key: str, found, expect: bool | None) -> LogCheck:
@@ -123,12 +158,12 @@ def _flag_check(cid: str, key: str, found, expect: bool | None) -> LogCheck:
                     message=f"{key} = {value}" + ("" if ok else f", expected {expect}"))
 
 
-def _fallback_check(lines: list[str]) -> LogCheck:
-    hits = [(i, line.strip()[:300]) for i, line in enumerate(lines, 1) if _FLEX_FALLBACK.search(line)]
-    if not hits:
+def _fallback_check(log: str) -> LogCheck:
+    hit = next(lines_matching(_FLEX_FALLBACK, log), None)  # the first line with the warning, found in one pass
+    if hit is None:
         return LogCheck(id="no-flex-fallback", status="pass",
                         message="no flex-dispatcher fallback warning (apply_flex_dispatcher_backend)")
-    line, text = hits[0]
+    line, text = hit[0], hit[2].strip()[:300]
     return LogCheck(id="no-flex-fallback", status="fail", line=line, evidence=text, message=(
         "apply_flex_dispatcher_backend did not apply the flex backend (unsupported GPU, or not an MoE model): the run "
         "used the alltoall dispatcher, not DeepEP/HybridEP/NCCL EP; use a backend this GPU supports "
@@ -138,8 +173,9 @@ def _fallback_check(lines: list[str]) -> LogCheck:
 def check_training_log(text: str, *, expect_overlap: bool | None = True,
                        expect_delay_wgrad: bool | None = None) -> LogCheckResult:
     """Check a training log. `expect_overlap`/`expect_delay_wgrad`: the value each flag must have (None: report)."""
-    lines = text.splitlines()
-    found, errors = _scan(lines)
+    scan = _Scan()
+    lines = scan.run(text)
+    found = scan.found
     checks = [_flag_check("overlap-flag-logged", "overlap_moe_expert_parallel_comm", found, expect_overlap),
               _flag_check("delay-wgrad-logged", "delay_wgrad_compute", found, expect_delay_wgrad)]
     dispatcher = found.get("moe_token_dispatcher_type")
@@ -164,25 +200,24 @@ def check_training_log(text: str, *, expect_overlap: bool | None = True,
     elif dispatcher is not None and dispatcher[0] == "flex":
         checks.append(LogCheck(id="flex-backend-active", status="warn", line=dispatcher[1],
                                message="flex dispatcher without a logged moe_flex_dispatcher_backend"))
-    checks.append(_fallback_check(lines))
-    by_kind: dict[str, list[LogError]] = {}
-    for e in errors:
-        by_kind.setdefault(e.kind, []).append(e)
-    overlap_asserts = [e for e in by_kind.get("assertion", []) if _OVERLAP_ASSERT.search(e.text)
-                       or any(_OVERLAP_ASSERT.search(lines[j]) for j in range(max(0, e.line - 6), e.line))]
+    checks.append(_fallback_check(text))
     for cid, kinds, what in (("no-overlap-config-assertion", None, "assertion error while finalising the overlap "
                               "config (CommOverlapConfig / TransformerConfig)"),
                              ("no-assertion-errors", ("assertion",), "AssertionError"),
                              ("no-tracebacks", ("traceback",), "Python traceback"),
                              ("no-nccl-errors", ("nccl", "gloo", "cuda"), "NCCL / gloo / CUDA error"),
                              ("no-hangs", ("hang",), "hang or collective timeout")):
-        hits = overlap_asserts if kinds is None else [e for k in kinds for e in by_kind.get(k, [])]
-        if hits:
-            first = min(hits, key=lambda e: e.line)
+        if kinds is None:
+            count, firsts = scan.overlap_asserts, [scan.first_overlap_assert] if scan.first_overlap_assert else []
+        else:
+            count = sum(scan.count.get(k, 0) for k in kinds)
+            firsts = [scan.first[k] for k in kinds if k in scan.first]
+        if count:
+            first = min(firsts, key=lambda e: e.line)
             checks.append(LogCheck(id=cid, status="fail", line=first.line, evidence=first.text,
-                                   message=f"{len(hits)} {what} line(s), first at line {first.line}"))
+                                   message=f"{count} {what} line(s), first at line {first.line}"))
         else:
             checks.append(LogCheck(id=cid, status="pass", message=f"no {what}"))
     effective = {k: v[0] for k, v in found.items()}
     return LogCheckResult(ok=not any(c.status == "fail" for c in checks), format=_detect_format(text),
-                          effective_config=effective, checks=checks, errors=errors[:20], lines=len(lines))
+                          effective_config=effective, checks=checks, errors=scan.errors, lines=lines)
