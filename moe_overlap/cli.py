@@ -28,12 +28,29 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class _UsageError(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        super().__init__(message)
+        self.parser, self.message = parser, message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is raised (not printed and exited) so that `--format json` gets it as JSON too."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise _UsageError(self, message)
+
+
+def _wants_json(argv: list[str]) -> bool:
+    return any(a == "--format=json" or (a == "--format" and b == "json") for a, b in zip(argv, argv[1:] + [""]))
+
+
 def _module_for(name: str):
     return importlib.import_module(f"moe_overlap.commands.{name.replace('-', '_')}")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="moe-overlap", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="moe-overlap", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"moe-overlap {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
@@ -54,7 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(only)
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse already printed the usage error
+    except _UsageError as exc:
+        exc.parser.print_usage(sys.stderr)
+        print(f"{exc.parser.prog}: error: {exc.message}", file=sys.stderr)
+        if _wants_json(argv):
+            print_error(CommandError(exc.message, fix=f"see `{exc.parser.prog} --help`"), "json")
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help, --version
         return EXIT_USAGE if exc.code not in (0, None) else 0
     if not args.command:
         parser.print_help(sys.stderr)
