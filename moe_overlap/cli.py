@@ -42,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _wants_json(argv: list[str]) -> bool:
-    return any(a == "--format=json" or (a == "--format" and b == "json") for a, b in zip(argv, argv[1:] + [""]))
+    return any(a == "--format=json" or (a == "--format" and b == "json") for a, b in zip(argv, [*argv[1:], ""], strict=True))
 
 
 def _module_for(name: str):

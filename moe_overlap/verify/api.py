@@ -20,7 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
+
 from moe_overlap.verify.explain import build_analysis
+from moe_overlap.verify.interrupts import interrupts_once
 from moe_overlap.verify.judge import (
     criterion_completion,
     criterion_loss,
@@ -63,12 +66,18 @@ def _runs(plan: Plan, records: dict[int, list[dict[str, Any]]]) -> list[ModeRun]
     notes: dict[str, list[str]] = {s.name: [] for s in plan.specs}
     started: set[str] = set()
     for rec in records.get(0, []):
+        mode = rec.get("mode")
+        if not isinstance(mode, str) or mode not in steps:
+            continue  # a damaged or foreign record (a judged folder holds whatever was written there)
         if rec.get("kind") == "mode_start":
-            started.add(rec["mode"])
+            started.add(mode)
         elif rec.get("kind") == "step":
-            steps[rec["mode"]].append(StepRecord(**{k: rec[k] for k in StepRecord.model_fields if k in rec}))
+            try:
+                steps[mode].append(StepRecord.model_validate({k: rec[k] for k in StepRecord.model_fields if k in rec}))
+            except ValidationError:
+                continue
         elif rec.get("kind") == "mode_end":
-            notes[rec["mode"]] = list(rec.get("notes") or [])
+            notes[mode] = [str(n)[:500] for n in rec.get("notes") or [] if isinstance(rec.get("notes"), list)]
     runs = []
     for s in plan.specs:
         done = len(steps[s.name]) >= plan.cfg.steps
@@ -109,7 +118,7 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
     runs = _runs(plan, result.records)
     log_checks = _log_checks(plan, runs)
     launch_ev = {"status": result.status, "message": result.message, "returncodes": result.returncodes,
-                 "elapsed_s": round(result.elapsed_s, 2), "pids": result.pids}
+                 "elapsed_s": round(result.elapsed_s, 2), "pids": result.pids, "ranks": result.ranks}
     # On CPU, gloo ranks on shared cores are not the workload overlap is for: measured, reported, not judged.
     throughput_binding = plan.device == "cuda"
     criteria = [criterion_validation(validation), criterion_completion(launch_ev, runs, plan.cfg.steps, log_checks),
@@ -190,21 +199,23 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
                   "loss": rec["loss"]})
 
     emit({"event": "start", "modes": [s.name for s in plan.specs], "nproc": plan.nproc, "out": str(plan.out)})
-    for attempt in range(2):
-        result = launch(nproc=plan.nproc, device=plan.device, config_path=config_path,
-                        modes_arg=json.dumps([s.to_dict() for s in plan.specs]), out=plan.out,
-                        timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
-                        inject_fault=options.inject_fault, on_record=on_record, cancel=cancel,
-                        extra_args=worker_options(plan) + _budget_args(plan, options.timeout_s),
-                        extra_env=rank_environment(plan))
-        if attempt == 0 and _lost_port_race(result):
-            # Another process took the free port between our probe and rank 0's bind: start over once.
-            for name in ("ranks", "logs"):
-                shutil.rmtree(plan.out / name, ignore_errors=True)
-            continue
-        break
-    report = build_report(plan, result, validation, started_at=started_at, t0=t0,
-                          command=options_command(options), extra_notes=progress_broken)
+    with interrupts_once() as guard:
+        for attempt in range(2):
+            result = launch(nproc=plan.nproc, device=plan.device, config_path=config_path,
+                            modes_arg=json.dumps([s.to_dict() for s in plan.specs]), out=plan.out,
+                            timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
+                            inject_fault=options.inject_fault, on_record=on_record, cancel=cancel,
+                            extra_args=worker_options(plan) + _budget_args(plan, options.timeout_s),
+                            extra_env=rank_environment(plan))
+            if attempt == 0 and _lost_port_race(result):
+                # Another process took the free port between our probe and rank 0's bind: start over once.
+                for name in ("ranks", "logs"):
+                    shutil.rmtree(plan.out / name, ignore_errors=True)
+                continue
+            break
+        guard.hold()  # from here on Ctrl-C waits: the report is written whatever happens
+        report = build_report(plan, result, validation, started_at=started_at, t0=t0,
+                              command=options_command(options), extra_notes=progress_broken)
     emit({"event": "done", "verdict": report.verdict, "out": str(plan.out)})
     return report
 

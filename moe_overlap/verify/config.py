@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from moe_overlap.skill.config.load import ConfigError, read_file
-from moe_overlap.skill.config.model import OverlapConfig, effective_values, parse_config
+from moe_overlap.skill.config.load import ConfigError, check_values, read_file
+from moe_overlap.skill.config.model import OverlapConfig, effective_values, looks_like_config, parse_config
 from moe_overlap.verify.corpus import VOCAB_SIZE
 
 FORMAT = "moe-overlap"
@@ -35,16 +35,16 @@ class VerifyConfigError(ValueError):
 class VerifyConfig(BaseModel):
     """One verification run (every mode shares it; the modes differ only in schedule and wgrad)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     format: Literal["moe-overlap"] = FORMAT
     # model (the embedded small MoE LM; byte-level tokens)
     hidden_size: int = Field(64, ge=8, le=4096)
     moe_ffn_hidden_size: int = Field(64, ge=4, le=16384)
     num_moe_experts: int = Field(4, ge=1, le=1024)
-    moe_router_topk: int = Field(2, ge=1)
+    moe_router_topk: int = Field(2, ge=1, le=1024)
     num_layers: int = Field(2, ge=1, le=64)
-    num_attention_heads: int = Field(4, ge=1)
+    num_attention_heads: int = Field(4, ge=1, le=4096)
     vocab_size: int = Field(VOCAB_SIZE, ge=VOCAB_SIZE, le=VOCAB_SIZE, description="byte-level tokens")
     seq_length: int = Field(64, ge=2, le=8192)
     # parallelism / numerics
@@ -61,7 +61,7 @@ class VerifyConfig(BaseModel):
     micro_batch_size: int = Field(2, ge=1, le=1024)
     steps: int = Field(16, ge=2, le=100000, description="optimizer steps per mode (the first is warm-up)")
     lr: float = Field(3e-3, gt=0, le=1.0)
-    seed: int = Field(1234, ge=0)
+    seed: int = Field(1234, ge=0, le=2**63 - 1)
 
     @model_validator(mode="after")
     def _consistent(self) -> VerifyConfig:
@@ -123,20 +123,27 @@ def _flat_values(parsed: OverlapConfig) -> dict[str, Any]:
     return flat
 
 
+def _typed(key: str, value: Any, kind: type) -> Any:
+    """`value` as `kind` by pydantic's rules ("8" -> 8, "true" -> True; "abc", [1], 2.5 -> a clear error)."""
+    try:
+        return TypeAdapter(kind).validate_python(value)
+    except ValidationError as exc:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise VerifyConfigError(f"invalid config: {key}: {exc.errors()[0]['msg'].lower()}, got {shown}", field=key,
+                                fix=f"give {key} as {'an integer' if kind is int else 'true or false'}") from None
+
+
 def map_megatron(parsed: OverlapConfig) -> tuple[VerifyConfig, list[str]]:
     """Map a parsed Megatron-Bridge-style (or flat Megatron) config onto a VerifyConfig + notes."""
     flat = _flat_values(parsed)
     notes: list[str] = []
     values: dict[str, Any] = {}
-    ep = flat.get("expert_model_parallel_size")
-    if ep is not None:
-        values["expert_model_parallel_size"] = int(ep)
-    for key in ("num_moe_experts", "moe_router_topk"):
+    for key in ("expert_model_parallel_size", "num_moe_experts", "moe_router_topk"):
         if flat.get(key) is not None:
-            values[key] = int(flat[key])
+            values[key] = _typed(key, flat[key], int)
     for key in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"):
         if flat.get(key) is not None:
-            values[key] = bool(flat[key])
+            values[key] = _typed(key, flat[key], bool)
     values["precision"] = "bf16" if flat.get("bf16") else "fp16" if flat.get("fp16") else "fp32"
     if values["precision"] == "fp32":
         notes.append("precision: neither bf16 nor fp16 is set, the run uses fp32")
@@ -181,15 +188,21 @@ def _as_error(exc: ValidationError) -> VerifyConfigError:
 def read_source(source: str | Path | dict[str, Any]) -> dict[str, Any]:
     """A YAML/JSON file or a dict; clear errors for unreadable input (the validator's reader: line and
     column of syntax errors, duplicate keys, size limit, binary input)."""
-    if isinstance(source, dict):
-        return source
-    path = Path(source)
-    if not path.exists():
-        raise VerifyConfigError(f"config file not found: {path}", field="CONFIG", fix="give an existing YAML/JSON file")
     try:
-        return read_file(path)
+        if isinstance(source, dict):
+            return check_values(source)  # JSON types only, bounded (an MCP client's object)
+        path = Path(source)
+        if not path.exists() and not path.is_symlink():
+            raise VerifyConfigError(f"config file not found: {path}", field="CONFIG",
+                                    fix="give an existing YAML/JSON file")
+        return read_file(path, recognised=_recognised)
     except ConfigError as exc:  # its message already names the file
         raise VerifyConfigError(exc.message, field=exc.field or "CONFIG", fix=exc.fix) from None
+
+
+def _recognised(data: dict[str, Any]) -> bool:
+    """A file without a config suffix is read only when it names our fields or a Megatron section / field."""
+    return data.get("format") == FORMAT or bool(set(data) & set(VerifyConfig.model_fields)) or looks_like_config(data)
 
 
 @dataclass(frozen=True)
@@ -219,7 +232,7 @@ def load_verify_config(source: str | Path | dict[str, Any] | None) -> LoadedConf
     # Ours: marked with `format: moe-overlap`, or a flat mapping of VerifyConfig fields only.
     if data.get("format") == FORMAT or (data and set(data) <= set(VerifyConfig.model_fields)):
         try:
-            return LoadedConfig(VerifyConfig(**data), [], "moe-overlap")
+            return LoadedConfig(VerifyConfig.model_validate(data), [], "moe-overlap")
         except ValidationError as exc:
             raise _as_error(exc) from None
     parsed = parse_megatron(data)

@@ -23,12 +23,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moe_overlap.verify.attribution import (
+    RankEnd,
+    describe,
+    error_of,
+    first_failure,
+    is_peer_error,
+    proc_state,
+    signal_name,
+)
 from moe_overlap.verify.ranks import free_port  # two verifications at once get different ports
 from moe_overlap.verify.records import RecordTail, output_path, rank_dir, records_path, stacks_path
 from moe_overlap.verify.worker import PARENT_ENV
 
 POLL_S = 0.1
 STACK_DUMP_WAIT_S = 1.0
+SETTLE_S = 0.5  # after a first failure: let the others' ends be seen too before attributing it
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])
 
 
@@ -43,6 +53,7 @@ class LaunchResult:
     returncodes: dict[int, int | None] = field(default_factory=dict)
     pids: list[int] = field(default_factory=list)
     elapsed_s: float = 0.0
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # how each rank ended (attribution.RankEnd)
 
 
 def worker_command(*, config_path: Path, modes_arg: str, out: Path, device: str,
@@ -93,22 +104,81 @@ def _dump_stacks(procs: list[subprocess.Popen], out: Path) -> dict[str, str]:
     return stacks
 
 
-def _first_crash(procs, tails_records) -> tuple[int, str | None]:
-    """The rank that failed first: the earliest `error` record, else the lowest rank that exited non-zero."""
-    errors = [(rec["t"], r, rec.get("traceback")) for r, recs in tails_records.items() for rec in recs
-              if rec.get("kind") == "error"]
-    if errors:
-        _, r, tb = min(errors)
-        return r, tb
-    r = min((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), default=0)
-    return r, None
+def _ends(procs: list[subprocess.Popen], codes: list[int | None], seen: dict[int, float],
+          records: dict[int, list[dict[str, Any]]]) -> list[RankEnd]:
+    """Every rank's end as it stood before the launcher killed anything (attribution.py)."""
+    ends = []
+    for r, p in enumerate(procs):
+        code = codes[r]
+        error_at, tb = error_of(records.get(r, []))
+        last = records.get(r, [])[-1] if records.get(r) else None
+        end = RankEnd(rank=r, pid=p.pid, state="running", exit_code=code, seen_at=seen.get(r), error_at=error_at,
+                      peer_error=is_peer_error(tb),
+                      last_record=(f"{last.get('kind')} mode={last.get('mode')} step={last.get('step')}"[:200]
+                                   if last else None))
+        if code is None:
+            end.state = "stopped" if proc_state(p.pid) in ("T", "t") else "running"
+        elif code < 0:
+            end.state, end.signal = "killed", signal_name(code)
+        else:
+            end.state = "exited"
+        ends.append(end)
+    return ends
+
+
+def _crash(procs, codes, seen, records, out: Path) -> LaunchResult:
+    ends = _ends(procs, codes, seen, records)
+    first = first_failure(ends)
+    rank = first.rank if first is not None else 0
+    _, tb = error_of(records.get(rank, []))
+    message = describe(first) if first is not None else f"rank {rank} failed"
+    return LaunchResult(status="crashed", failed_rank=rank, message=message,
+                        traceback=tb or _tail_text(output_path(out, rank)) or None,
+                        ranks=[e.to_dict() for e in ends])
+
+
+def _settle(procs, tails, records, seen) -> list[int | None]:
+    """Keep watching for SETTLE_S after the first failure, so that ranks failing at about the same time are all
+    seen (and classified) before anything is killed; returns the exit codes as they then stand."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        for r, tail in tails.items():
+            records[r].extend(tail.poll())
+        codes = [p.poll() for p in procs]
+        for r, c in enumerate(codes):
+            if c is not None and r not in seen:
+                seen[r] = time.time()
+        if time.monotonic() >= deadline or all(c is not None for c in codes):
+            return codes
+        time.sleep(0.05)
+
+
+def _hang(procs, codes, seen, records, tails, silent, hang_timeout_s, out) -> LaunchResult:
+    """A rank went silent: a stopped one (state T) is the cause; else the one silent the longest."""
+    ends = _ends(procs, codes, seen, records)
+    stopped = [e for e in ends if e.state == "stopped"]
+    if stopped:
+        r = stopped[0].rank
+        message = describe(stopped[0])
+    else:
+        r = min(silent, key=lambda i: tails[i].last_seen)
+        last = records[r][-1] if records[r] else {}
+        where = f" (last record: {last.get('kind')} mode={last.get('mode')} step={last.get('step')})" if last else ""
+        message = f"rank {r} sent no heartbeat for {hang_timeout_s:g} s{where}"
+    return LaunchResult(status="hang", failed_rank=r, message=message, stacks=_dump_stacks(procs, out),
+                        ranks=[e.to_dict() for e in ends])
 
 
 def _tail_text(path: Path, limit: int = 6000) -> str:
-    if not path.exists():
+    """The end of a rank's output (it may be large: only the tail is read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4 * limit))
+            data = f.read()
+    except OSError:
         return ""
-    data = path.read_text(encoding="utf-8", errors="replace")
-    return data[-limit:]
+    return data.decode("utf-8", errors="replace")[-limit:]
 
 
 def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: Path, timeout_s: float,
@@ -135,13 +205,15 @@ def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: P
     result = LaunchResult(status="completed")
     try:
         for r in range(nproc):
-            f = open(output_path(out, r), "wb")  # noqa: SIM115 - closed in finally
+            # "x": a new file or an error, never an earlier run's file or a link planted in its place.
+            f = open(output_path(out, r), "xb")  # noqa: SIM115 - closed in finally
             files.append(f)
             procs.append(subprocess.Popen(cmd, env=_rank_env(r, nproc, port, threads, extra_env), stdin=subprocess.DEVNULL,
                                           stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
         result.pids = [p.pid for p in procs]
         for t in tails.values():
             t.last_seen = time.monotonic()  # the clock starts at spawn, not at the first record
+        seen: dict[int, float] = {}  # rank -> time.time() its exit was first seen
         while True:
             for r, tail in tails.items():
                 for rec in tail.poll():
@@ -151,15 +223,13 @@ def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: P
                         on_record(r, rec)
             codes = [p.poll() for p in procs]
             now = time.monotonic()
+            for r, c in enumerate(codes):
+                if c is not None and r not in seen:
+                    seen[r] = time.time()
             errored = any(recs and recs[-1].get("kind") == "error" for recs in records.values())
             if errored or any(c not in (None, 0) for c in codes):
-                for r, tail in tails.items():  # the failing rank's last records (its traceback) first
-                    records[r].extend(tail.poll())
-                rank, tb = _first_crash(procs, records)
-                code = procs[rank].returncode
-                how = f"exited with status {code}" if code is not None else "raised an exception"
-                result = LaunchResult(status="crashed", failed_rank=rank, message=f"rank {rank} {how}",
-                                      traceback=tb or _tail_text(output_path(out, rank)) or None)
+                codes = _settle(procs, tails, records, seen)
+                result = _crash(procs, codes, seen, records, out)
                 break
             if all(c == 0 for c in codes):
                 break
@@ -173,11 +243,7 @@ def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: P
             silent = [r for r, p in enumerate(procs) if codes[r] is None
                       and now - tails[r].last_seen > (hang_timeout_s if started[r] else startup_limit)]
             if silent:
-                r = min(silent, key=lambda i: tails[i].last_seen)  # silent the longest
-                last = records[r][-1] if records[r] else {}
-                where = f" (last record: {last.get('kind')} mode={last.get('mode')} step={last.get('step')})" if last else ""
-                result = LaunchResult(status="hang", failed_rank=r, message=f"rank {r} sent no heartbeat for "
-                                      f"{hang_timeout_s:g} s{where}", stacks=_dump_stacks(procs, out))
+                result = _hang(procs, codes, seen, records, tails, silent, hang_timeout_s, out)
                 break
             time.sleep(POLL_S)
     except KeyboardInterrupt:
@@ -188,6 +254,8 @@ def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: P
             f.close()
     for r, tail in tails.items():
         records[r].extend(tail.poll())
+    if not result.ranks:
+        result.ranks = [e.to_dict() for e in _ends(procs, [p.returncode for p in procs], {}, records)]
     result.records = records
     result.returncodes = {r: p.returncode for r, p in enumerate(procs)}
     result.pids = [p.pid for p in procs]

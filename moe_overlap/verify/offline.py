@@ -9,17 +9,25 @@ A local run writes plan.json too, so its folder can be judged again (e.g. after 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from moe_overlap.skill.files import FileRefused, open_regular, read_limited
+from moe_overlap.verify.attribution import RankEnd, describe, error_of, first_failure, is_peer_error
 from moe_overlap.verify.config import VerifyConfig, VerifyConfigError, parse_megatron, read_source
 from moe_overlap.verify.launcher import LaunchResult
 from moe_overlap.verify.modes import ModeSpec
+from moe_overlap.verify.outdir import MARKER, is_ours
 from moe_overlap.verify.plan import Plan, VerifyInputError, prepare_out, validate_modes, validated_config
-from moe_overlap.verify.plan_file import PLAN_FILE, save_plan
+from moe_overlap.verify.plan_file import MAX_PLAN_BYTES, PLAN_FILE, PlanFile, save_plan
 from moe_overlap.verify.records import read_all, records_path
 from moe_overlap.verify.report_model import VerificationReport
+
+MAX_RECORDS_BYTES = 256 << 20  # one rank's records: 100,000 steps x 3 modes is about 60 MB
 
 
 def write_plan(plan: Plan) -> Path:
@@ -28,41 +36,88 @@ def write_plan(plan: Plan) -> Path:
     return save_plan(plan)
 
 
-def _load_plan(out: Path) -> Plan:
+def _not_a_run_folder(out: Path, why: str) -> VerifyInputError:
+    return VerifyInputError(f"{out} is not a run folder written by --print-launch ({why})", field="judge",
+                            fix="run `moe-overlap verify --print-launch torchrun --out DIR` first, then the printed "
+                                "command, then --judge DIR")
+
+
+def _read_json(path: Path, out: Path) -> Any:
     try:
-        data = json.loads((out / PLAN_FILE).read_text(encoding="utf-8"))
-        cfg = VerifyConfig.model_validate_json((out / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise VerifyInputError(f"{out} is not a run folder written by --print-launch ({exc})", field="judge",
-                               fix="run `moe-overlap verify --print-launch torchrun --out DIR` first") from None
-    raw = data.get("raw_source")
+        return json.loads(read_limited(path, MAX_PLAN_BYTES, what="run file").decode("utf-8"))
+    except FileRefused as exc:
+        raise _not_a_run_folder(out, exc.message) from None
+    except (ValueError, RecursionError) as exc:
+        raise _not_a_run_folder(out, f"{path.name} is not valid JSON: {str(exc)[:120]}") from None
+
+
+def _load_plan(out: Path) -> Plan:
+    if not out.is_dir():
+        raise _not_a_run_folder(out, "no such folder")
+    if not is_ours(out):
+        raise _not_a_run_folder(out, f"no {MARKER} in it")
+    raw_plan = _read_json(out / PLAN_FILE, out)
+    for name, model, raw in ((PLAN_FILE, PlanFile, raw_plan), ("config.json", VerifyConfig, None)):
+        try:
+            parsed_file = model.model_validate(raw if raw is not None else _read_json(out / name, out))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            shown = repr(err.get("input"))
+            raise _not_a_run_folder(out, f"{name}: {where}: {err['msg']}, got {shown[:60]}") from None
+        if model is PlanFile:
+            data = parsed_file
+        else:
+            cfg = parsed_file
+    raw = data.raw_source
     try:  # the judge's own single pass over a Megatron source (criterion 1 validates it as the user gave it)
-        parsed = parse_megatron(read_source(raw)) if data["config_kind"] == "megatron" else None
+        parsed = parse_megatron(read_source(raw)) if data.config_kind == "megatron" and raw is not None else None
     except VerifyConfigError as exc:
         raise VerifyInputError(f"the run's config source: {exc.message}", field=exc.field, fix=exc.fix) from None
-    return Plan(cfg=cfg, config_source=data["config_source"], config_kind=data["config_kind"], raw_source=raw,
-                megatron=validated_config(cfg, parsed), nproc=int(data["nproc"]), device=data["device"],
-                specs=[ModeSpec(**s) for s in data["specs"]], out=out, notes=list(data.get("notes", [])),
-                mapping_notes=list(data.get("mapping_notes", [])), fabric=str(data.get("fabric") or "native"),
-                a2a=data.get("a2a"), explain=bool(data.get("explain", True)),
-                max_steps=int(data.get("max_steps") or cfg.steps))
+    return Plan(cfg=cfg, config_source=data.config_source, config_kind=data.config_kind, raw_source=raw,
+                megatron=validated_config(cfg, parsed), nproc=data.nproc, device=data.device,
+                specs=[ModeSpec(**s.model_dump()) for s in data.specs], out=out, notes=list(data.notes),
+                mapping_notes=list(data.mapping_notes), run_id=data.run_id or "", fabric=data.fabric, a2a=data.a2a,
+                explain=data.explain, max_steps=data.max_steps or cfg.steps)
+
+
+def _records(out: Path, rank: int) -> list[dict[str, Any]]:
+    path = records_path(out, rank)
+    if not path.exists() and not path.is_symlink():
+        return []
+    try:
+        fd = open_regular(path, nofollow=True, what="records file")
+    except FileRefused as exc:
+        raise _not_a_run_folder(out, exc.message) from None
+    try:
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if size > MAX_RECORDS_BYTES:
+        raise _not_a_run_folder(out, f"{path.name} is {size} bytes, more than a run writes")
+    return read_all(path)
 
 
 def _status(records: dict[int, list[dict[str, Any]]]) -> LaunchResult:
-    errors = [(rec["t"], r, rec.get("traceback")) for r, recs in records.items() for rec in recs
-              if rec.get("kind") == "error"]
-    if errors:
-        _, rank, tb = min(errors)
-        return LaunchResult(status="crashed", failed_rank=rank, message=f"rank {rank} raised an exception",
-                            traceback=tb, records=records)
-    unfinished = [r for r, recs in records.items() if not recs or recs[-1].get("kind") != "done"]
-    if unfinished:
-        r = unfinished[0]
-        last = records[r][-1] if records[r] else {}
-        return LaunchResult(status="crashed", failed_rank=r, records=records,
-                            message=f"rank {r} stopped without finishing (last record: {last.get('kind', 'none')} "
-                                    f"mode={last.get('mode')} step={last.get('step')}); killed or still running?")
-    return LaunchResult(status="completed", records=records)
+    """The run as its records tell it (no exit codes offline): a rank with an error of its own, else one that
+    stopped without finishing and without an error (killed), else the first peer error (attribution.py)."""
+    ends = []
+    for r, recs in records.items():
+        error_at, tb = error_of(recs)
+        last = recs[-1] if recs else None
+        finished = last is not None and last.get("kind") == "done"
+        ends.append(RankEnd(rank=r, pid=recs[0].get("pid") if recs and isinstance(recs[0].get("pid"), int) else None,
+                            state="exited" if finished or error_at is not None else "unfinished",
+                            error_at=error_at, peer_error=is_peer_error(tb),
+                            last_record=(f"{last.get('kind')} mode={last.get('mode')} step={last.get('step')}"[:200]
+                                         if last else None)))
+    first = first_failure(ends)
+    ranks = [e.to_dict() for e in ends]
+    if first is None:
+        return LaunchResult(status="completed", records=records, ranks=ranks)
+    _, tb = error_of(records[first.rank])
+    return LaunchResult(status="crashed", failed_rank=first.rank, message=describe(first), traceback=tb,
+                        records=records, ranks=ranks)
 
 
 def judge_run_dir(out: str | Path) -> VerificationReport:
@@ -70,7 +125,7 @@ def judge_run_dir(out: str | Path) -> VerificationReport:
 
     out = Path(out)
     plan = _load_plan(out)
-    records = {r: read_all(records_path(out, r)) for r in range(plan.nproc)}
+    records = {r: _records(out, r) for r in range(plan.nproc)}
     result = _status(records)
     result.returncodes = {r: None for r in range(plan.nproc)}
     first = min((rec["t"] for recs in records.values() for rec in recs), default=time.time())

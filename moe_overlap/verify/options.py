@@ -16,17 +16,17 @@ MODES = ("baseline", "overlap", "overlap+wgrad")
 
 
 class VerifyOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     config: str | Path | dict[str, Any] | None = Field(
         None, description="moe-overlap or Megatron-Bridge-style config (path or dict); None: the embedded default")
-    nproc: int | None = Field(None, ge=1, description="ranks; default: the config's expert_model_parallel_size")
+    nproc: int | None = Field(None, ge=1, le=1 << 20, description="ranks; default: the config's expert_model_parallel_size")
     device: Literal["cpu", "cuda"] = "cpu"
-    steps: int | None = Field(None, ge=2, description="optimizer steps per mode (overrides the config)")
-    max_steps: int | None = Field(None, ge=2, description="with --device cuda, keep stepping past `steps`, up to "
-                                                          "this many, until the throughput judgement is settled; "
-                                                          "default 5 x steps (at most steps + 200); cpu: steps")
-    micro_batches: int | None = Field(None, ge=1)
+    steps: int | None = Field(None, ge=2, le=100_000, description="optimizer steps per mode (overrides the config)")
+    max_steps: int | None = Field(None, ge=2, le=100_000, description="with --device cuda, keep stepping past "
+                                  "`steps`, up to this many, until the throughput judgement is settled; default 5 x "
+                                  "steps (at most steps + 200); cpu: steps")
+    micro_batches: int | None = Field(None, ge=1, le=256)
     modes: list[str] | None = Field(None, description="subset of baseline, overlap, overlap+wgrad; default all "
                                                       "that apply to the schedule")
     schedule: Literal["chunked", "1f1b"] | None = Field(None, description="the overlap schedule; default 1f1b when "
@@ -40,8 +40,8 @@ class VerifyOptions(BaseModel):
                           "host, NCCL otherwise), the process group's own otherwise (NCCL, gloo on cpu)")
     explain: bool = Field(True, description="after training, time the step's all-to-alls and expert GEMMs alone in "
                                             "the same ranks (the report's split of the step time)")
-    timeout_s: float = Field(600.0, gt=0, description="wall-clock limit of the whole run")
-    hang_timeout_s: float = Field(60.0, gt=0, description="a rank silent this long is a hang")
+    timeout_s: float = Field(600.0, gt=0, le=30 * 86400, description="wall-clock limit of the whole run")
+    hang_timeout_s: float = Field(60.0, gt=0, le=86400, description="a rank silent this long is a hang")
     out: str | Path | None = Field(None, description="output folder; default: a new folder under ./verify-out")
     force: bool = Field(False, description="overwrite a folder that already holds a report")
     # Test-only fault injection (hidden from the CLI help): perturb:MODE, crash:RANK:MODE:STEP, hang:RANK:MODE:STEP.

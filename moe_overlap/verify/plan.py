@@ -6,9 +6,7 @@ Bad input raises :class:`VerifyInputError` here, before anything is launched (th
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +19,8 @@ from moe_overlap.skill.rules.validate import validate_config
 from moe_overlap.verify.config import VerifyConfig, VerifyConfigError, load_verify_config
 from moe_overlap.verify.modes import ModeError, ModeSpec, resolve_modes
 from moe_overlap.verify.options import VerifyOptions
+from moe_overlap.verify.outdir import OutDirError, check, claim, new_default_folder
 
-OUTPUTS = ("report.json", "report.md", "loss.png", "config.json", "ranks", "logs")
 # Rules that constrain Megatron-Core's implementation, not the included one, when the run is ours:
 WAIVERS = {
     "precision-bf16-or-fp16": "the included implementation overlaps in fp32 too (fp32 is what makes the loss "
@@ -56,6 +54,8 @@ class Plan:
     a2a: str | None = None  # ep/transport.py kind; None: the process group's own all-to-all
     explain: bool = True  # time the step's pieces alone after training (verify/pieces.py)
     max_steps: int = 0  # steps per mode at most (throughput not settled after cfg.steps); 0: cfg.steps
+    force: bool = False  # --force: an earlier run's outputs in `out` may be replaced
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
 def cuda_device_count() -> int:
@@ -76,24 +76,18 @@ def machine_capacity(device: str) -> int:
 
 
 def _out_dir(options: VerifyOptions) -> Path:
+    """The run's folder, checked (outdir.check) but not touched: it is created or taken in prepare_out."""
     if options.out is None:
         # Unique per run: two verifications at once never share a folder.
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        return Path.cwd() / "verify-out" / f"{stamp}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    out = Path(options.out)
-    if out.exists() and not out.is_dir():
-        raise VerifyInputError(f"--out {out} exists and is not a folder", field="out")
-    if (out / "report.json").exists():
-        if not options.force:
-            raise VerifyInputError(f"{out} already holds a verification report (pass --force to overwrite it)",
-                                   field="out",
-                                   fix="pass --force to overwrite it, or choose another --out")
-        for name in OUTPUTS:  # only what a verification wrote; anything else in the folder stays
-            p = out / name
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
+        return new_default_folder(Path.cwd() / "verify-out")
+    out = Path(options.out).expanduser()
+    try:
+        check(out, force=options.force)
+    except OutDirError as exc:
+        raise VerifyInputError(exc.message, field="out", fix=exc.fix) from None
+    except OSError as exc:
+        raise VerifyInputError(f"--out {out}: cannot be read ({exc.strerror or exc})", field="out",
+                               fix="choose a folder you can write to") from None
     return out
 
 
@@ -170,16 +164,19 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
     return Plan(cfg=cfg, config_source=source, config_kind=kind, raw_source=options.config,
                 megatron=validated_config(cfg, loaded.parsed), nproc=nproc, device=options.device, specs=specs,
                 out=_out_dir(options), notes=notes + mode_notes, mapping_notes=loaded.notes, fabric=options.fabric,
-                a2a=options.a2a, explain=options.explain, max_steps=max_steps)
+                a2a=options.a2a, explain=options.explain, max_steps=max_steps, force=options.force)
 
 
 def prepare_out(plan: Plan) -> Path:
-    """Create the output folder and write config.json (what the ranks read); an --out that cannot be
-    written is bad input, found before anything is launched."""
-    path = plan.out / "config.json"
+    """Take the output folder (outdir.claim: created, or an empty / earlier-run folder of ours, marked) and write
+    config.json (what the ranks read); an --out that cannot be used is bad input, found before anything runs."""
     try:
-        plan.out.mkdir(parents=True, exist_ok=True)
-        path.write_text(plan.cfg.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        plan.out = claim(plan.out, force=plan.force, run_id=plan.run_id)
+        path = plan.out / "config.json"
+        with open(path, "x", encoding="utf-8") as f:
+            f.write(plan.cfg.model_dump_json(indent=2) + "\n")
+    except OutDirError as exc:
+        raise VerifyInputError(exc.message, field="out", fix=exc.fix) from None
     except OSError as exc:
         raise VerifyInputError(f"--out {plan.out}: cannot write there ({exc.strerror or exc})", field="out",
                                fix="choose a folder you can write to") from None

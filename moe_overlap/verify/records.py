@@ -38,11 +38,12 @@ def mode_log_path(out: Path, mode: str, rank: int) -> Path:
 
 
 class RecordWriter:
-    """Append-only JSON-lines writer; each record flushed at once (it is the rank's heartbeat)."""
+    """JSON-lines writer of a new file; each record flushed at once (it is the rank's heartbeat)."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the rank
+        # "x": records start in a new file; an earlier run's records are never appended to (outdir.py).
+        self._f = open(path, "x", encoding="utf-8")  # noqa: SIM115 - lives as long as the rank
 
     def emit(self, kind: str, **data: Any) -> None:
         rec = {"kind": kind, "t": time.time(), "pid": os.getpid(), **data}

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     rec = RecordWriter(records_path(out, rank))
     rec.emit("hello", rank=rank, world=world, local_rank=local_rank, host=os.uname().nodename)
-    stacks = open(stacks_path(out, rank), "w", encoding="utf-8")  # noqa: SIM115 - held for faulthandler
+    stacks = open(stacks_path(out, rank), "x", encoding="utf-8")  # noqa: SIM115 - held for faulthandler
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     if os.environ.get(PARENT_ENV):
         threading.Thread(target=_watch_parent, args=(int(os.environ[PARENT_ENV]),), daemon=True).start()
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for spec in specs:
             path = mode_log_path(out, spec.name, rank)
             path.parent.mkdir(parents=True, exist_ok=True)
-            logs[spec.name] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+            logs[spec.name] = open(path, "x", encoding="utf-8")  # noqa: SIM115 - closed below
 
         def logger(name: str):
             def log(line: str) -> None:

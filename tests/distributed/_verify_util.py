@@ -75,3 +75,26 @@ def assert_report_valid(out: Path) -> dict:
     jsonschema.validate(data, load_schema("verification-report.schema.json"))
     assert (Path(out) / "report.md").is_file()
     return data
+
+
+def interrupt_cli_run(cmd: list[str], presses: int = 1, timeout: float = 60) -> int:
+    """Start `cmd` (a `moe-overlap verify` run), press Ctrl-C `presses` times once a step is printed (the ranks
+    are up and training), and return its exit status."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        for line in proc.stderr:
+            if " step " in line:
+                break
+        for i in range(presses):
+            if i:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode

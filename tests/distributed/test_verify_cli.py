@@ -14,7 +14,7 @@ import pytest
 from moe_overlap.skill.diagnose.logs import check_training_log
 from moe_overlap.verify.api import run_verification
 from moe_overlap.verify.options import VerifyOptions
-from moe_overlap.verify.plan import VerifyInputError, make_plan
+from moe_overlap.verify.plan import VerifyInputError, make_plan, prepare_out
 from tests.distributed._verify_util import assert_no_orphans, assert_report_valid, new_token
 
 
@@ -52,11 +52,16 @@ def test_invalid_config_exits_2(tmp_path):
 
 
 def test_existing_report_needs_force(tmp_path):
+    from moe_overlap.verify.outdir import MARKER
+
+    (tmp_path / MARKER).write_text("{}")  # an earlier run of ours
     (tmp_path / "report.json").write_text("{}")
     with pytest.raises(VerifyInputError, match="--force"):
         make_plan(VerifyOptions(out=tmp_path))
     (tmp_path / "keep.txt").write_text("user file")
-    make_plan(VerifyOptions(out=tmp_path, force=True))
+    plan = make_plan(VerifyOptions(out=tmp_path, force=True))
+    assert (tmp_path / "report.json").exists()  # planning changes nothing
+    prepare_out(plan)
     assert not (tmp_path / "report.json").exists() and (tmp_path / "keep.txt").exists()
 
 

@@ -4,7 +4,6 @@ verdict, a report valid against the schema, and no process left behind."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from moe_overlap.verify.options import VerifyOptions
 from tests.distributed._verify_util import (
     assert_no_orphans,
     assert_report_valid,
+    interrupt_cli_run,
     new_token,
     processes_with_token,
 )
@@ -103,18 +103,7 @@ def test_cancel_kills_every_rank(tmp_path, monkeypatch):
 
 def test_ctrl_c_through_the_cli(tmp_path, monkeypatch):
     token = new_token(monkeypatch)
-    proc = subprocess.Popen(_LONG_RUN + ["--out", str(tmp_path)], stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
-    try:
-        for line in proc.stderr:  # wait for the first step: the ranks are up and training
-            if " step " in line:
-                break
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130
+    assert interrupt_cli_run(_LONG_RUN + ["--out", str(tmp_path)], timeout=30) == 130
     data = assert_report_valid(tmp_path)
     assert data["verdict"] == "cancelled"
     time.sleep(0.5)

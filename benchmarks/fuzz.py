@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""Fuzz every CLI command and every MCP tool's arguments with hostile input; count what issue 15 forbids.
+
+    python benchmarks/fuzz.py [--examples 3000] [--seed 0] [--only validate,estimate,check-logs,mcp]
+                              [--out benchmarks/results/fuzz.json]
+
+Per parser (each in a fresh process, so its peak resident memory is its own): inputs run, tracebacks (an exception
+no command or tool turned into a clear error; over MCP: an internal error or an exception text in a result),
+inputs over 10 s, the slowest input, peak RSS, exit codes seen (only 0/1/2 allowed), and `--format json` outputs
+that are not strict JSON (NaN / Infinity). Inputs come from benchmarks/fuzz_inputs.py (hypothesis strategies);
+`--seed` picks the draw, so another seed is a held-out run of the same kind. The CLI runs in process (`cli.main`,
+stdout/stderr captured) and a sample of inputs also through a real `python -m moe_overlap.cli` process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import io
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fuzz_inputs as fi  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+
+LIMIT_S = 10.0
+CLI_PARSERS = ("validate", "estimate", "check-logs", "generate", "diagnose", "card", "verify")
+PARSERS = (*CLI_PARSERS, "mcp")
+
+
+class TimedOut(Exception):
+    pass
+
+
+@dataclass
+class Outcome:
+    code: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    crash: str | None = None  # the traceback of an exception nothing handled
+
+
+@dataclass
+class Tally:
+    parser: str
+    inputs: int = 0
+    tracebacks: int = 0
+    over_limit: int = 0
+    slowest_s: float = 0.0
+    slowest_input: str = ""
+    exit_codes: dict[str, int] = field(default_factory=dict)
+    bad_json: int = 0
+    examples: list[str] = field(default_factory=list)  # the first few problems, for the report
+    subprocess_checked: int = 0
+
+    def add(self, case_text: str, out: Outcome, *, json_expected: bool, problem: str | None = None) -> None:
+        self.inputs += 1
+        if out.seconds > self.slowest_s:
+            self.slowest_s, self.slowest_input = out.seconds, case_text[:200]
+        if out.seconds > LIMIT_S:
+            self.over_limit += 1
+            self._example(f"over {LIMIT_S:g} s ({out.seconds:.1f} s): {case_text[:300]}")
+        code = "timeout" if out.code is None else str(out.code)
+        self.exit_codes[code] = self.exit_codes.get(code, 0) + 1
+        crash = out.crash or problem
+        if crash is None and "Traceback (most recent call last)" in out.stderr:
+            crash = out.stderr[-1500:]
+        if crash is None and out.code not in (0, 1, 2, None):
+            crash = f"exit code {out.code}"
+        if crash is not None:
+            self.tracebacks += 1
+            self._example(f"{case_text[:300]}\n{crash[-1500:]}")
+        if json_expected and out.code in (0, 1, 2) and not strict_json(out.stdout):
+            self.bad_json += 1
+            self._example(f"not strict JSON: {case_text[:300]}\n{out.stdout[:300]}")
+
+    def _example(self, text: str) -> None:
+        if len(self.examples) < 10:
+            self.examples.append(text)
+
+
+def strict_json(text: str) -> bool:
+    def refuse(name):
+        raise ValueError(name)
+
+    try:
+        json.loads(text, parse_constant=refuse)
+    except ValueError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    def on_alarm(signum, frame):
+        raise TimedOut(f"over {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def run_cli(argv: list[str], stdin: bytes = b"", limit_s: float = LIMIT_S * 3) -> Outcome:
+    """`moe-overlap ARGV` in this process: exit code, captured output, time, and any unhandled exception."""
+    from moe_overlap.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old_in = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin))
+    t0 = time.perf_counter()
+    code, crash = None, None
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), time_limit(limit_s):
+            code = main(argv)
+    except TimedOut:
+        code = None
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - exactly what the fuzz looks for
+        crash = traceback.format_exc()
+        code = 1
+    finally:
+        sys.stdin = old_in
+    return Outcome(code, out.getvalue(), err.getvalue(), time.perf_counter() - t0, crash)
+
+
+def run_cli_process(argv: list[str], stdin: bytes = b"") -> Outcome:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "moe_overlap.cli", *argv], input=stdin, capture_output=True,
+                              timeout=LIMIT_S * 3, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return Outcome(None, "", "", time.perf_counter() - t0)
+    return Outcome(proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"),
+                   time.perf_counter() - t0)
+
+
+def write_input(folder: Path, name: str, content: bytes, kind: str) -> str:
+    """A path of the asked kind in `folder`: a regular file holding `content`, a FIFO, a folder, a missing
+    file, a symlink to the file, /dev/zero or /dev/null."""
+    path = folder / name
+    if kind in ("regular", "symlink", "stdin"):
+        target = folder / ("target-" + name) if kind == "symlink" else path
+        target.write_bytes(content)
+        if kind == "symlink":
+            path.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    elif kind == "devzero":
+        return "/dev/zero"
+    elif kind == "devnull":
+        return "/dev/null"
+    return str(path)
+
+
+def _opt(argv: list[str], flag: str, value) -> None:
+    if value is not None:
+        argv += [flag, str(value)]
+
+
+def _argv_safe(argv: list[str]) -> list[str]:
+    """What a shell can pass: no NUL, only encodable text."""
+    return [a.replace("\x00", "").encode("utf-8", "replace").decode("utf-8") for a in argv]
+
+
+def cli_argv(parser: str, case: dict, folder: Path) -> tuple[list[str], bytes, bool]:
+    """(argv, stdin, whether stdout must be JSON) for one drawn case."""
+    argv, stdin, json_expected = _cli_argv(parser, case, folder)
+    return _argv_safe(argv), stdin, json_expected
+
+
+def _cli_argv(parser: str, case: dict, folder: Path) -> tuple[list[str], bytes, bool]:
+    fmt = case.get("format", "text")
+    if parser == "validate":
+        argv = ["validate", write_input(folder, "config" + case["suffix"], case["content"], case["kind"])]
+        for item in case["overrides"]:
+            argv += ["--set", item]
+        for flag, key in (("--argv", "argv"), ("--torch-version", "torch"), ("--te-version", "te"),
+                          ("--gpu", "gpu"), ("--megatron-core-version", "core")):
+            _opt(argv, flag, case[key])
+    elif parser == "estimate":
+        argv = ["estimate"]
+        for flag, value in case["flags"].items():
+            argv += [flag, value] if not value.startswith("-") else [f"{flag}={value}"]
+    elif parser == "check-logs":
+        path = "-" if case["kind"] == "stdin" else write_input(folder, "train" + case["suffix"], case["content"],
+                                                               case["kind"])
+        argv = ["check-logs", path]
+        _opt(argv, "--expect-overlap", case["expect_overlap"])
+        _opt(argv, "--expect-delay-wgrad", case["expect_wgrad"])
+        stdin = case["content"] if case["kind"] == "stdin" else b""
+        return argv + ["--format", fmt], stdin, fmt == "json"
+    elif parser == "generate":
+        argv = ["generate"]
+        for flag, value in case["flags"].items():
+            argv += [f"{flag}={value}"] if flag != "--plan" else [flag]
+    elif parser == "diagnose":
+        argv = ["diagnose", case["text"].replace("\x00", "")]
+        _opt(argv, "--limit", case["limit"])
+    elif parser == "card":
+        argv = ["card"] + ([case["name"]] if case["name"] is not None else [])
+        _opt(argv, "--field", case["field"])
+        return argv, b"", False
+    elif parser == "verify":
+        return fi.verify_argv(case, folder), b"", case["mode"] == "judge"
+    else:
+        raise ValueError(parser)
+    return argv + ["--format", fmt], b"", fmt == "json"
+
+
+STRATEGIES = {"validate": fi.validate_cases(), "estimate": fi.estimate_cases(), "check-logs": fi.check_logs_cases(),
+              "generate": fi.generate_cases(), "diagnose": fi.diagnose_cases, "card": fi.card_cases,
+              "verify": fi.verify_cases()}
+
+
+def fuzz_cli(parser: str, examples: int, seed_value: int, subprocess_sample: int) -> Tally:
+    tally = Tally(parser)
+    sample_every = max(1, examples // subprocess_sample) if subprocess_sample else 0
+
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(fi.st.data())
+    def body(data):
+        case = data.draw(STRATEGIES[parser])
+        folder = Path(tempfile.mkdtemp(prefix="fuzz-"))
+        try:
+            argv, stdin, json_expected = cli_argv(parser, case, folder)
+            out = run_cli(argv, stdin)
+            tally.add(repr(argv)[:400], out, json_expected=json_expected)
+            if sample_every and tally.inputs % sample_every == 0 and "fifo" not in repr(case.get("kind")):
+                proc = run_cli_process(argv, stdin)
+                tally.subprocess_checked += 1
+                if proc.code not in (0, 1, 2) or "Traceback" in proc.stderr or proc.code != out.code:
+                    tally.tracebacks += 1
+                    tally._example(f"subprocess {argv[:3]}: exit {proc.code} (in process {out.code})\n"
+                                   f"{proc.stderr[-800:]}")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    body()
+    return tally
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_one(parser: str, examples: int, seed_value: int, subprocess_sample: int) -> dict:
+    t0 = time.perf_counter()
+    if parser == "mcp":
+        import fuzz_mcp
+
+        tally = fuzz_mcp.fuzz(examples, seed_value)
+    else:
+        tally = fuzz_cli(parser, examples, seed_value, subprocess_sample)
+    row = dict(tally.__dict__)
+    row.update(wall_s=round(time.perf_counter() - t0, 1), peak_rss_mb=round(peak_rss_mb(), 1))
+    return row
+
+
+def _table(rows: list[dict]) -> str:
+    head = (f"{'parser':<11} {'inputs':>7} {'tracebacks':>10} {'>10 s':>6} {'slowest s':>9} {'peak RSS MB':>11} "
+            f"{'bad JSON':>8}  exit codes")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        codes = ", ".join(f"{k}:{v}" for k, v in sorted(r["exit_codes"].items()))
+        lines.append(f"{r['parser']:<11} {r['inputs']:>7} {r['tracebacks']:>10} {r['over_limit']:>6} "
+                     f"{r['slowest_s']:>9.2f} {r['peak_rss_mb']:>11.0f} {r['bad_json']:>8}  {codes}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--examples", type=int, default=3000, help="inputs per parser (default 3000)")
+    ap.add_argument("--seed", type=int, default=0, help="hypothesis seed (another seed: a held-out run)")
+    ap.add_argument("--only", help="comma list of " + ", ".join(PARSERS))
+    ap.add_argument("--subprocess-sample", type=int, default=40, help="inputs per CLI parser also run as a real "
+                    "process (default 40)")
+    ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:  # one parser, in its own process (its own peak RSS)
+        print(json.dumps(run_one(args.child, args.examples, args.seed, args.subprocess_sample)))
+        return 0
+    parsers = args.only.split(",") if args.only else list(PARSERS)
+    rows = []
+    for parser in parsers:
+        cmd = [sys.executable, __file__, "--child", parser, "--examples", str(args.examples), "--seed",
+               str(args.seed), "--subprocess-sample", str(args.subprocess_sample)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            return 1
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"{parser}: {rows[-1]['inputs']} inputs, {rows[-1]['tracebacks']} tracebacks, "
+              f"{rows[-1]['wall_s']} s", file=sys.stderr, flush=True)
+    print(_table(rows))
+    for r in rows:
+        for ex in r["examples"]:
+            print(f"\n[{r['parser']}] {ex}")
+    if args.out:
+        record = {"command": "python benchmarks/fuzz.py " + " ".join(sys.argv[1:]),
+                  "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                  "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                              "load_average": list(os.getloadavg())},
+                  "python": platform.python_version(), "limit_s": LIMIT_S, "seed": args.seed, "rows": rows}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    bad = sum(r["tracebacks"] + r["over_limit"] + r["bad_json"] for r in rows)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
