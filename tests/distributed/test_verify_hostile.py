@@ -91,7 +91,7 @@ def test_rerun_into_a_killed_runs_folder_does_not_read_its_records(tmp_path, mon
     (tmp_path / "mine.txt").write_text("keep\n")
     report = run_verification(VerifyOptions(steps=3, micro_batches=2, modes=["baseline", "overlap"], out=tmp_path,
                                             force=True))
-    assert report.verdict == "passed", report.summary
+    assert report.verdict in ("passed", "throughput-not-judged"), report.summary
     assert (tmp_path / "mine.txt").read_text() == "keep\n"
     records = (tmp_path / "ranks" / "rank1.jsonl").read_text().splitlines()
     assert not any(json.loads(x)["kind"] == "error" for x in records)
