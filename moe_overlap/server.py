@@ -12,7 +12,9 @@ Start-up imports no torch and prints nothing on stdout: in stdio mode stdout car
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
+import logging
 import os
 import signal
 import sys
@@ -41,6 +43,7 @@ generate_config when needed -> run_verification (background=true for long runs, 
 get_verification_status) -> check_training_log on the real job's log. diagnose_failure explains an error; \
 estimate_overlap_benefit predicts the gain. File paths must lie inside the server's allowed folders."""
 LOOPBACK_NAMES = ("localhost",)
+SHUTDOWN_WAIT_S = 1.0  # SIGTERM or the client gone: the server is gone within 2 s, its ranks at once
 
 
 @dataclass
@@ -63,8 +66,9 @@ def build_server(options: ServerOptions | None = None) -> MCPServer:
         try:
             yield {}
         finally:
-            # The client went away (stdin closed, session ended): no verification may outlive it.
-            jobs.shutdown(wait_s=30)
+            # The client went away (stdin closed, session ended): no verification may outlive it. The ranks are
+            # killed at once; the job threads get a moment to write their reports, not more.
+            jobs.shutdown(wait_s=SHUTDOWN_WAIT_S)
 
     guard = ArgumentGuard()
     skills = resources.skill_folders()
@@ -122,18 +126,43 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _stop_jobs_on_signals(jobs: JobManager) -> None:
-    """SIGTERM / SIGINT (what clients send on shutdown): cancel the verifications, then exit at once.
+def _stop_on_signals(jobs: JobManager) -> None:
+    """SIGTERM / SIGINT / SIGHUP (what clients send on shutdown): kill the verifications' ranks, then exit at once.
 
-    Why not unwind normally: the stdio transport reads stdin in a worker thread, and interpreter
-    shutdown waits for that thread until the client closes the pipe; the ranks must die now.
+    Why not unwind normally: a tool may be running in a worker thread and the transport may be blocked reading
+    its input; the server must be gone within a couple of seconds whatever it was doing, and no rank may stay.
+    Over HTTP, uvicorn's own handlers (a graceful shutdown that waits for open streams) are not installed.
     """
     def handler(signum, frame):
-        jobs.shutdown(wait_s=20)
-        os._exit(128 + signum)
+        jobs.shutdown(wait_s=SHUTDOWN_WAIT_S)
+        _exit_now(128 + signum)
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def _exit_now(code: int) -> None:
+    """Leave without waiting for worker threads (a tool call still running, a blocked read)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _serve_http(server: MCPServer, host: str, port: int, security: TransportSecuritySettings, log_level: str) -> None:
+    import anyio
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):  # keep the server's own handlers (_stop_on_signals)
+            yield
+
+    app = server.streamable_http_app(transport_security=security, host=host)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=1)
+    anyio.run(_Server(config).serve)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,20 +177,31 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"moe-overlap-mcp: {exc}", file=sys.stderr)
         return 2
-    _stop_jobs_on_signals(server.jobs)  # type: ignore[attr-defined]
+    jobs: JobManager = server.jobs  # type: ignore[attr-defined]
+    _stop_on_signals(jobs)
+    code = 0
     try:
         if args.transport == "stdio":
-            server.run("stdio")
+            import anyio
+
+            from moe_overlap.mcp.stdio import serve_stdio
+
+            # The client closed stdin: its verifications stop now (ranks killed), before requests are wound down.
+            anyio.run(serve_stdio, server, lambda: jobs.shutdown(wait_s=0))
         else:
             if not is_loopback(args.host):
                 print(f"moe-overlap-mcp: WARNING: serving on {args.host}:{args.port} without authentication; "
                       "anyone who can reach it can run verifications and read files under the allowed folders.",
                       file=sys.stderr)
-            server.run("streamable-http", host=args.host, port=args.port,
-                       transport_security=transport_security(args.host, args.port, args.allowed_host))
+            _serve_http(server, args.host, args.port, transport_security(args.host, args.port, args.allowed_host),
+                        args.log_level)
+    except Exception:  # noqa: BLE001 - logged; the ranks must still go
+        logging.getLogger(__name__).exception("the server stopped on an error")
+        code = 1
     finally:
-        server.jobs.shutdown(wait_s=30)  # type: ignore[attr-defined]
-    return 0
+        jobs.shutdown(wait_s=SHUTDOWN_WAIT_S)
+    _exit_now(code)
+    return code  # not reached
 
 
 if __name__ == "__main__":

@@ -5,14 +5,22 @@ Why threads and handles: a verification takes tens of seconds to minutes, longer
 once; `get_verification_status` polls it; `cancel_verification` sets the Event and waits until the
 run (and the rank processes it launched) are gone. `shutdown()` cancels every job: the server calls
 it when the client goes away (stdin closed, lifespan end) so no rank process outlives the session.
+
+Jobs belong to whoever started them (`owner`): None for the one client of a stdio server, ``session:<id>`` for an
+HTTP session (Mcp-Session-Id), ANONYMOUS for sessionless HTTP requests (protocol 2026-07-28), where the id alone is
+the handle and is therefore never named to anyone but in the answer that created it. Another owner's job is "no
+such job" to every call, and no message names a job that is not the caller's. Ids are 128 random bits, so a handle
+cannot be guessed.
 Torch-free.
 """
 
 from __future__ import annotations
 
 import collections
-import itertools
+import logging
 import os
+import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +29,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+logger = logging.getLogger(__name__)
 JobState = Literal["running", "succeeded", "failed", "cancelled"]
+ANONYMOUS = "http-without-session"
 RunFn = Callable[[Callable[[dict[str, Any]], None], threading.Event], BaseModel]
 
 
@@ -34,6 +44,7 @@ class Job:
     id: str
     description: str
     started_at: float
+    owner: str | None = None
     cancel_event: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
     state: JobState = "running"
@@ -74,24 +85,30 @@ class JobManager:
         self.max_running = max_running
         self.keep_finished = keep_finished
         self._jobs: dict[str, Job] = {}
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
+        self._lock = threading.RLock()  # re-entrant: shutdown() may run in a signal handler on a thread holding it
+        self.closing = threading.Event()  # set by shutdown(): waits become short, new runs are refused
 
     def running(self) -> list[Job]:
         with self._lock:
             return [j for j in self._jobs.values() if not j.finished.is_set()]
 
-    def start(self, run: RunFn, *, description: str) -> Job:
+    def start(self, run: RunFn, *, description: str, owner: str | None = None) -> Job:
         with self._lock:
-            busy = [j.id for j in self._jobs.values() if not j.finished.is_set()]
+            if self.closing.is_set():
+                raise JobError("the server is shutting down")
+            busy = [j for j in self._jobs.values() if not j.finished.is_set()]
             if len(busy) >= self.max_running:
-                raise JobError(f"a verification is already running ({', '.join(busy)}); wait for it with "
-                               "get_verification_status or stop it with cancel_verification")
-            job = Job(id=f"verify-{next(self._ids)}-{os.urandom(3).hex()}", description=description,
-                      started_at=time.time())
+                mine = [j.id for j in busy if j.owner == owner and owner != ANONYMOUS]
+                if mine:
+                    raise JobError(f"your verification {', '.join(mine)} is still running; wait for it with "
+                                   "get_verification_status or stop it with cancel_verification")
+                raise JobError(f"this server runs {self.max_running} verification(s) at a time and one is running "
+                               "(not started from this session); try again when it has finished")
+            job = Job(id=f"verify-{secrets.token_hex(16)}", description=description, started_at=time.time(),
+                      owner=owner)
             self._jobs[job.id] = job
             self._forget_old()
-        thread = threading.Thread(target=self._run, args=(job, run), name=job.id, daemon=True)
+        thread = threading.Thread(target=self._run, args=(job, run), name="verify-job", daemon=True)
         job.thread = thread
         thread.start()
         return job
@@ -101,7 +118,11 @@ class JobManager:
             job.result = run(job.on_progress, job.cancel_event)
             job.state = "cancelled" if job.cancel_event.is_set() else "succeeded"
         except BaseException as exc:  # the thread must always end in a final state
-            job.error = f"{type(exc).__name__}: {exc}"
+            message = getattr(exc, "message", None)  # an input error of the run (VerifyInputError): its own words
+            if not isinstance(message, str):
+                logger.exception("verification job crashed")
+                message = "the run stopped on an unexpected error in the server; its log (stderr) has the details"
+            job.error = message
             job.state = "cancelled" if job.cancel_event.is_set() else "failed"
         finally:
             job.ended_at = time.time()
@@ -112,28 +133,43 @@ class JobManager:
         for j in done[: max(0, len(done) - self.keep_finished)]:
             del self._jobs[j.id]
 
-    def get(self, job_id: str) -> Job:
+    def get(self, job_id: str, owner: str | None = None) -> Job:
+        """The caller's job, or JobError. Another owner's job is reported exactly like a missing one."""
         with self._lock:
             job = self._jobs.get(job_id)
-            known = list(self._jobs)
+            if job is not None and job.owner != owner:
+                job = None
+            mine = [j.id for j in self._jobs.values() if j.owner == owner and owner != ANONYMOUS]
         if job is None:
-            raise JobError(f"no verification job {job_id!r}; known jobs: {', '.join(known) or 'none'}")
+            known = f"; your jobs: {', '.join(mine)}" if mine else ""
+            # The id given is not repeated: a job that is someone else's must look exactly like one that never was.
+            raise JobError(f"no verification job with this id in this session{known}")
         return job
 
-    def cancel(self, job_id: str, *, wait_s: float) -> Job:
-        job = self.get(job_id)
+    def cancel(self, job_id: str, *, wait_s: float, owner: str | None = None) -> Job:
+        job = self.get(job_id, owner)
         job.cancel_event.set()
         job.join(wait_s)
         return job
 
     def shutdown(self, *, wait_s: float = 30.0) -> None:
-        """Cancel every running job and wait (bounded) for each to end."""
+        """Cancel every running job, kill the rank processes now, and wait (bounded) for the jobs to end."""
+        self.closing.set()
         jobs = self.running()
         for job in jobs:
             job.cancel_event.set()
+        kill_ranks_now()
         deadline = time.monotonic() + wait_s
         for job in jobs:
             job.join(max(0.0, deadline - time.monotonic()))
+
+
+def kill_ranks_now() -> None:
+    """Every rank process a verification of this process started, killed at once (no report is waited for).
+    Nothing to do when no verification ever ran (the launcher module was never imported)."""
+    launcher = sys.modules.get("moe_overlap.verify.launcher")
+    if launcher is not None:
+        launcher.kill_every_rank()
 
 
 def descendant_pids(pid: int | None = None) -> list[int]:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from mcp.server.mcpserver.exceptions import ToolError
 
+from moe_overlap.skill.files import FileRefused, open_regular, read_head_tail_fd
+
 # Input limits (characters). Big enough for a real config or a long log excerpt, small enough that
 # one call cannot make the server hold hundreds of MiB.
 MAX_CONFIG_CHARS = 256 * 1024
@@ -56,12 +58,15 @@ class AllowedRoots:
     def describe(self) -> str:
         return ", ".join(str(r) for r in self.roots) or "none (start the server with --allowed-dir DIR)"
 
-    def resolve_file(self, raw: str, *, field: str) -> Path:
-        """The real path of an existing regular file inside an allowed folder, or a ToolError naming `field`.
+    def open_file(self, raw: str, *, field: str) -> tuple[int, Path]:
+        """(read-only descriptor, real path) of an existing regular file inside an allowed folder, or a ToolError
+        naming `field`. The caller closes the descriptor.
 
-        Relative paths are taken from the first allowed folder. `..` components are refused outright
-        (even when they would land inside), then the fully resolved path (symlinks followed) must still
-        lie inside an allowed folder, so a symlink pointing outside is refused too.
+        Relative paths are taken from the first allowed folder. `..` components are refused outright (even when
+        they would land inside); the fully resolved path (symlinks followed) must lie inside an allowed folder.
+        Then the file is opened once, by walking that resolved path down from the allowed folder one component at
+        a time with O_NOFOLLOW: a component swapped for a symbolic link after the check fails the open instead of
+        leading outside (no check-then-open race). Everything read afterwards comes from this descriptor.
         """
         if not self.roots:
             raise ToolError(f"`{field}`: this server has no allowed folder, so it reads no files. Fix: pass the "
@@ -88,14 +93,51 @@ class AllowedRoots:
                             "Fix: check the path, or pass the content inline instead.") from None
         except (OSError, RuntimeError) as exc:  # symlink loop, permission
             raise ToolError(f"`{field}`: cannot resolve {raw!r}: {exc}. Fix: give a plain file path.") from None
-        if not any(_is_within(real, root) for root in self.roots):
+        root = next((r for r in self.roots if _is_within(real, r)), None)
+        if root is None:
             raise ToolError(
                 f"`{field}`: {raw!r} resolves (through a symbolic link) outside the allowed folders. "
                 f"Fix: give the real file inside {self.describe()}."
             )
-        if not real.is_file():
+        parts = real.relative_to(root).parts
+        if not parts:
             raise ToolError(f"`{field}`: {raw!r} is not a regular file. Fix: give a file, not a folder.")
+        return _open_below(root, parts, raw, field), real
+
+    def resolve_file(self, raw: str, *, field: str) -> Path:
+        """The real path of the file `open_file` opens (what it would read), checked the same way."""
+        fd, real = self.open_file(raw, field=field)
+        os.close(fd)
         return real
+
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_below(root: Path, parts: tuple[str, ...], raw: str, field: str) -> int:
+    changed = ToolError(f"`{field}`: {raw!r} changed while it was being opened (a folder on its path was replaced, "
+                        "e.g. by a symbolic link). Fix: give the path of a file that is not being moved.")
+    try:
+        dir_fd = os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        raise ToolError(f"`{field}`: the allowed folder {root} cannot be opened ({exc.strerror}).") from None
+    try:
+        for part in parts[:-1]:
+            try:
+                nxt = os.open(part, _DIR_FLAGS | getattr(os, "O_NOFOLLOW", 0), dir_fd=dir_fd)
+            except OSError:
+                raise changed from None
+            os.close(dir_fd)
+            dir_fd = nxt
+        try:
+            return open_regular(parts[-1], dir_fd=dir_fd, nofollow=True)
+        except FileRefused as exc:
+            if "not a regular" in exc.message or "is a directory" in exc.message:
+                raise ToolError(f"`{field}`: {raw!r} is not a regular file. Fix: give a file, not a folder, "
+                                "FIFO or device.") from None
+            raise changed from None
+    finally:
+        os.close(dir_fd)
 
 
 def _is_within(path: Path, root: Path) -> bool:
@@ -106,25 +148,27 @@ def _is_within(path: Path, root: Path) -> bool:
     return True
 
 
-def read_text_file(path: Path, *, max_bytes: int) -> tuple[str, int]:
-    """Read a file as UTF-8 (undecodable bytes replaced), at most `max_bytes` of it.
+def read_text_fd(fd: int, *, max_bytes: int, name: str) -> tuple[str, int]:
+    """A file as UTF-8 (undecodable bytes replaced), at most `max_bytes` of it, from its open descriptor.
 
     Returns (text, bytes left out). A larger file keeps its head (1/8 of the budget) and its tail, with a
     marker line between them: a training log prints its effective config at the start and its failure
     at the end, and both matter.
     """
-    size = path.stat().st_size
-    with path.open("rb") as fh:
-        if size <= max_bytes:
-            return fh.read().decode("utf-8", errors="replace"), 0
-        head = fh.read(max_bytes // 8)
-        tail_bytes = max_bytes - len(head)
-        fh.seek(size - tail_bytes)
-        tail = fh.read(tail_bytes)
-    omitted = size - len(head) - len(tail)
-    text = (head.decode("utf-8", errors="replace") + f"\n[... {omitted} bytes of {path.name} omitted ...]\n"
-            + tail.decode("utf-8", errors="replace"))
-    return text, omitted
+    head, tail, omitted = read_head_tail_fd(fd, max_bytes)
+    if tail is None:
+        return head.decode("utf-8", errors="replace"), 0
+    return (head.decode("utf-8", errors="replace") + f"\n[... {omitted} bytes of {name} omitted ...]\n"
+            + tail.decode("utf-8", errors="replace")), omitted
+
+
+def read_text_file(path: Path, *, max_bytes: int) -> tuple[str, int]:
+    """read_text_fd of a path (regular files only)."""
+    fd = open_regular(path, what="log file")
+    try:
+        return read_text_fd(fd, max_bytes=max_bytes, name=Path(path).name)
+    finally:
+        os.close(fd)
 
 
 def check_size(value: str, *, field: str, limit: int) -> None:

@@ -9,9 +9,9 @@ Torch-free.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field, create_model
@@ -19,8 +19,9 @@ from pydantic import Field, create_model
 from moe_overlap.mcp import inputs as ins
 from moe_overlap.mcp import safety
 from moe_overlap.mcp.results import CardField, SkillInfo, SkillList, Truncation
-from moe_overlap.mcp.safety import AllowedRoots, read_text_file
+from moe_overlap.mcp.safety import AllowedRoots, read_text_fd
 from moe_overlap.mcp.toolkit import ArgumentGuard, add_model_tool, annotations
+from moe_overlap.mcp.work import bounded
 from moe_overlap.skill.card.schemas import resolve
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def config_source(inp: Any, roots: AllowedRoots) -> Any:
     if inp.config is not None:
         return inp.config
     if inp.config_path is not None:
-        return roots.resolve_file(inp.config_path, field="config_path")
+        return read_config_path(inp.config_path, roots)
     if inp.config_text is not None:
         from moe_overlap.skill.config.load import ConfigError, parse_text
 
@@ -72,12 +73,31 @@ def config_source(inp: Any, roots: AllowedRoots) -> Any:
     return None
 
 
+def read_config_path(raw: str, roots: AllowedRoots) -> dict[str, Any]:
+    """The config file at `raw` under the allowed folders, opened once and parsed from that descriptor."""
+    from moe_overlap.skill.config.load import MAX_BYTES, ConfigError, parse_file_bytes
+    from moe_overlap.skill.config.model import looks_like_config
+    from moe_overlap.skill.files import FileRefused, read_limited_fd
+
+    fd, real = roots.open_file(raw, field="config_path")
+    try:
+        data = read_limited_fd(fd, MAX_BYTES, name=raw, what="config file")
+    except FileRefused as exc:
+        raise as_tool_error(ConfigError(exc.message, fix=exc.fix), "config_path") from None
+    finally:
+        os.close(fd)
+    try:
+        return parse_file_bytes(data, name=raw, suffix=real.suffix, recognised=looks_like_config)
+    except ConfigError as exc:
+        raise as_tool_error(exc, "config_path") from None
+
+
 def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> None:
     async def list_skills(inp: ins.ListSkillsInput, ctx: Context) -> SkillList:
         from moe_overlap.skill.card import cards
 
         try:
-            found = await anyio.to_thread.run_sync(cards.list_skills)
+            found = await bounded(cards.list_skills, what="list_skills")
         except cards.CardError as exc:
             raise as_tool_error(exc, "card") from None
         return SkillList(skills=[SkillInfo(
@@ -89,7 +109,7 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
         from moe_overlap.skill.card import cards
 
         try:
-            value = await anyio.to_thread.run_sync(cards.get_card_field, inp.name, inp.field)
+            value = await bounded(cards.get_card_field, inp.name, inp.field, what="field")
         except cards.CardError as exc:
             field = "name" if inp.name not in cards.skill_names() else "field"
             raise as_tool_error(exc, field) from None
@@ -99,12 +119,14 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
         from moe_overlap.skill.config.load import ConfigError
         from moe_overlap.skill.rules import validate
 
-        source = config_source(inp, roots)
+        def check():  # the source is read and parsed in the worker too: config_text may be large
+            return validate.validate_config(
+                config_source(inp, roots), overrides=tuple(inp.overrides), argv=inp.argv,
+                torch_version=inp.torch_version, te_version=inp.te_version, gpu=inp.gpu,
+                megatron_core_version=inp.megatron_core_version, env=inp.env)
+
         try:
-            return await anyio.to_thread.run_sync(lambda: validate.validate_config(
-                source, overrides=tuple(inp.overrides), argv=inp.argv, torch_version=inp.torch_version,
-                te_version=inp.te_version, gpu=inp.gpu, megatron_core_version=inp.megatron_core_version,
-                env=inp.env))
+            return await bounded(check, what="config")
         except (ConfigError, ValueError) as exc:
             raise as_tool_error(exc, "config") from None
 
@@ -112,7 +134,7 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
         from moe_overlap.skill.generate import api as generate
 
         try:
-            return await anyio.to_thread.run_sync(generate.generate_config, inp)
+            return await bounded(generate.generate_config, inp, what="request")
         except ValueError as exc:
             raise as_tool_error(exc, "request") from None
 
@@ -123,14 +145,17 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
 
         text, source, cut = inp.text, "inline text", None
         if inp.path is not None:
-            path = roots.resolve_file(inp.path, field="path")
-            text, omitted = await anyio.to_thread.run_sync(
-                lambda: read_text_file(path, max_bytes=safety.MAX_LOG_FILE_BYTES))
+            fd, path = roots.open_file(inp.path, field="path")
+            try:
+                text, omitted = await bounded(
+                    lambda: read_text_fd(fd, max_bytes=safety.MAX_LOG_FILE_BYTES, name=path.name), what="path")
+            finally:
+                os.close(fd)
             source = str(path)
             if omitted:
                 cut = Truncation(omitted=omitted, where=f"{path} (bytes between the head and the tail read)")
         try:
-            result = await anyio.to_thread.run_sync(logs.check_training_log, text)
+            result = await bounded(logs.check_training_log, text, what="text")
         except ValueError as exc:
             raise as_tool_error(exc, "text") from None
         return log_result["model"](**result.model_dump(), source=source, truncated=cut)
@@ -139,7 +164,7 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
         from moe_overlap.skill.diagnose import api as diagnose
 
         try:
-            return await anyio.to_thread.run_sync(lambda: diagnose.diagnose(inp.text, limit=inp.limit))
+            return await bounded(lambda: diagnose.diagnose(inp.text, limit=inp.limit), what="text")
         except ValueError as exc:
             raise as_tool_error(exc, "text") from None
 
@@ -147,7 +172,7 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots) -> No
         from moe_overlap.skill.estimate import api as estimate
 
         try:
-            return await anyio.to_thread.run_sync(estimate.estimate_overlap_benefit, inp)
+            return await bounded(estimate.estimate_overlap_benefit, inp, what="request")
         except ValueError as exc:
             raise as_tool_error(exc, "request") from None
 

@@ -18,11 +18,12 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from moe_overlap.mcp import inputs as ins
-from moe_overlap.mcp.jobs import Job, JobError, JobManager, descendant_pids
+from moe_overlap.mcp.jobs import ANONYMOUS, Job, JobError, JobManager, descendant_pids
 from moe_overlap.mcp.results import VerificationStatus, bounded_report
 from moe_overlap.mcp.safety import AllowedRoots
 from moe_overlap.mcp.toolkit import ArgumentGuard, add_model_tool, annotations
 from moe_overlap.mcp.tools_skill import as_tool_error, config_source
+from moe_overlap.mcp.work import bounded
 
 POLL_S = 0.25
 CANCEL_WAIT_S = 30.0
@@ -92,6 +93,25 @@ def status_of(job: Job, *, with_children: bool = False) -> VerificationStatus:
                               live_child_processes=descendant_pids() if with_children else None, next_step=nxt)
 
 
+def owner_of(ctx: Context) -> str | None:
+    """Who a job belongs to (jobs.py): None for the one client of stdio (or an in-process client), the HTTP
+    session (Mcp-Session-Id) of the request, or ANONYMOUS for sessionless HTTP (protocol 2026-07-28)."""
+    try:
+        request = ctx.request_context.request
+    except (ValueError, AttributeError):
+        return None
+    headers = getattr(request, "headers", None)
+    if headers is None:
+        return None
+    value = headers.get("mcp-session-id")
+    return f"session:{value[:200]}" if isinstance(value, str) and value else ANONYMOUS
+
+
+async def _wait(job: Job, seconds: float) -> None:
+    """Wait for a job in a worker thread that a cancelled request (or a closing server) simply abandons."""
+    await anyio.to_thread.run_sync(job.join, seconds, abandon_on_cancel=True)
+
+
 def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager,
              runs_dir: Path | None) -> None:
     folder: list[Path] = [runs_dir] if runs_dir is not None else []
@@ -119,7 +139,7 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs:
             raise as_tool_error(exc, "config") from None
         return options
 
-    def start(inp: ins.RunVerificationInput) -> Job:
+    def start(inp: ins.RunVerificationInput, owner: str | None) -> Job:
         options = options_for(inp)
 
         def run(progress, cancel):
@@ -128,12 +148,13 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs:
             return run_verification(options, progress=progress, cancel=cancel)
 
         try:
-            return jobs.start(run, description=f"verify nproc={inp.nproc} steps={inp.steps} modes={inp.modes}")
+            return jobs.start(run, description=f"verify nproc={inp.nproc} steps={inp.steps} modes={inp.modes}",
+                              owner=owner)
         except JobError as exc:
             raise ToolError(f"{exc}.") from None
 
     async def run_verification(inp: ins.RunVerificationInput, ctx: Context) -> VerificationStatus:
-        job = await anyio.to_thread.run_sync(start, inp)  # planning reads files, may probe GPUs
+        job = await bounded(start, inp, owner_of(ctx), what="config")  # planning reads files, may probe GPUs
         if inp.background:
             return status_of(job)
         seen, mapper = 0, ProgressMapper()
@@ -149,29 +170,31 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs:
         finally:
             if not job.finished.is_set():
                 # The request was cancelled or the client went away: stop the run and its ranks before
-                # returning, shielded so the wait itself is not cancelled.
+                # returning, shielded so the wait itself is not cancelled. A server that is shutting down has
+                # already killed the ranks (JobManager.shutdown) and does not wait for the report.
                 job.cancel_event.set()
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(job.join, CANCEL_WAIT_S)
+                if not jobs.closing.is_set():
+                    with anyio.CancelScope(shield=True):
+                        await _wait(job, CANCEL_WAIT_S)
         return status_of(job)
 
-    async def get_verification_status(inp: ins.StatusInput, ctx: Context) -> VerificationStatus:
+    def _own_job(job_id: str, ctx: Context) -> Job:
         try:
-            job = jobs.get(inp.job_id)
+            return jobs.get(job_id, owner_of(ctx))
         except JobError as exc:
             raise ToolError(f"`job_id`: {exc}. Fix: use the job_id that run_verification returned.") from None
+
+    async def get_verification_status(inp: ins.StatusInput, ctx: Context) -> VerificationStatus:
+        job = _own_job(inp.job_id, ctx)
         with anyio.move_on_after(inp.wait_s):
             while not job.finished.is_set():
                 await anyio.sleep(POLL_S)
         return status_of(job)
 
     async def cancel_verification(inp: ins.CancelInput, ctx: Context) -> VerificationStatus:
-        try:
-            job = jobs.get(inp.job_id)
-        except JobError as exc:
-            raise ToolError(f"`job_id`: {exc}. Fix: use the job_id that run_verification returned.") from None
+        job = _own_job(inp.job_id, ctx)
         job.cancel_event.set()
-        await anyio.to_thread.run_sync(job.join, inp.wait_s)
+        await _wait(job, inp.wait_s)
         return status_of(job, with_children=True)
 
     add_model_tool(server, guard, name="run_verification", input_model=ins.RunVerificationInput,

@@ -75,6 +75,23 @@ def _rank_env(rank: int, world: int, port: int, threads: int, extra_env: dict[st
     return env
 
 
+# Every rank process group this process has started and not yet reaped: what kill_every_rank() ends at once
+# when the process itself must stop now (the MCP server on SIGTERM or when its client is gone).
+_LIVE: set[int] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_every_rank() -> None:
+    """SIGKILL every rank process group still alive (safe from a signal handler or another thread)."""
+    with _LIVE_LOCK:
+        pgids = list(_LIVE)
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def _kill_all(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -210,6 +227,8 @@ def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: P
             files.append(f)
             procs.append(subprocess.Popen(cmd, env=_rank_env(r, nproc, port, threads, extra_env), stdin=subprocess.DEVNULL,
                                           stdout=f, stderr=subprocess.STDOUT, start_new_session=True))
+            with _LIVE_LOCK:
+                _LIVE.add(procs[-1].pid)  # its own session: the pid is the process group id
         result.pids = [p.pid for p in procs]
         for t in tails.values():
             t.last_seen = time.monotonic()  # the clock starts at spawn, not at the first record
@@ -250,6 +269,8 @@ def launch(*, nproc: int, device: str, config_path: Path, modes_arg: str, out: P
         result = LaunchResult(status="cancelled", message="interrupted (Ctrl-C)")
     finally:
         _kill_all(procs)
+        with _LIVE_LOCK:
+            _LIVE.difference_update(p.pid for p in procs)
         for f in files:
             f.close()
     for r, tail in tails.items():

@@ -25,8 +25,8 @@ def initialize_request(request_id: int = 1, version: str = "2025-11-25") -> dict
 
 
 class StdioSession:
-    def __init__(self, *args: str, cwd: Path | None = None):
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    def __init__(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None):
+        env = dict(env or os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.started = time.perf_counter()
         self.proc = subprocess.Popen([sys.executable, "-m", "moe_overlap.server", *args], cwd=cwd or REPO,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -81,3 +81,26 @@ class StdioSession:
 
     def stderr(self) -> str:
         return b"".join(self._stderr).decode(errors="replace")
+
+
+def start_http_server(runs_dir: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """`moe-overlap-mcp --transport streamable-http` on a free port: (process, URL), once it accepts connections."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(env or os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "moe_overlap.server", "--transport", "streamable-http",
+                             "--port", str(port), "--runs-dir", str(runs_dir)], cwd=REPO, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}/mcp"
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"server did not start: {proc.stderr.read().decode()[-2000:]}") from None
+            time.sleep(0.2)

@@ -3,44 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 from moe_overlap.mcp.skills_ext import IDENTIFIER
-from tests.mcp.stdio_session import REPO
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.mcp.stdio_session import start_http_server
 
 
 @pytest.fixture
 def http_server(tmp_path):
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "moe_overlap.server", "--transport", "streamable-http",
-                             "--port", str(port), "--runs-dir", str(tmp_path)], cwd=REPO, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError(f"server did not start: {proc.stderr.read().decode()[-2000:]}") from None
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}/mcp"
+    proc, url = start_http_server(tmp_path)
+    yield url
     proc.terminate()
     proc.wait(30)
 

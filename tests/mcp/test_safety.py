@@ -91,3 +91,73 @@ def test_default_root_is_cwd_but_never_root_or_home(tmp_path, monkeypatch):
         assert none.roots == ()
         with pytest.raises(ToolError, match="no allowed folder"):
             none.resolve_file("etc/passwd", field="path")
+
+
+def test_a_folder_swapped_for_a_link_after_the_check_is_not_followed(tmp_path):
+    """The path is resolved and checked, then opened component by component with O_NOFOLLOW: a folder replaced
+    by a link to the outside in between makes the open fail instead of escaping (issue 15)."""
+    from moe_overlap.mcp.safety import _open_below
+
+    inside = tmp_path / "inside"
+    (inside / "sub").mkdir(parents=True)
+    (inside / "sub" / "a.log").write_text("inside\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "a.log").write_text("secret\n")
+    (inside / "sub").rename(tmp_path / "moved")
+    os.symlink(outside, inside / "sub")  # the swap, after a resolve that saw a real folder
+    with pytest.raises(ToolError, match="changed while it was being opened"):
+        _open_below(inside.resolve(), ("sub", "a.log"), "sub/a.log", "path")
+
+
+def test_racing_link_swaps_never_leak_the_outside(tmp_path):
+    import threading
+
+    from moe_overlap.mcp.safety import read_text_fd
+
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    real, outside = tmp_path / "real", tmp_path / "outside"
+    for folder, text in ((real, "inside\n"), (outside, "secret\n")):
+        folder.mkdir()
+        (folder / "a.log").write_text(text)
+    os.rename(real, inside / "d")
+    allowed = AllowedRoots.from_paths([inside])
+    stop = threading.Event()
+
+    def swap():  # flip inside/d between a real folder and a link to the outside, as fast as possible
+        while not stop.is_set():
+            os.rename(inside / "d", tmp_path / "held")
+            os.symlink(outside, inside / "d")
+            os.unlink(inside / "d")
+            os.rename(tmp_path / "held", inside / "d")
+
+    thread = threading.Thread(target=swap)
+    thread.start()
+    seen = set()
+    try:
+        for _ in range(300):
+            try:
+                fd, _path = allowed.open_file("d/a.log", field="path")
+            except ToolError:
+                continue
+            try:
+                seen.add(read_text_fd(fd, max_bytes=100, name="a.log")[0])
+            finally:
+                os.close(fd)
+    finally:
+        stop.set()
+        thread.join()
+    assert "secret\n" not in seen
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir"])
+def test_special_files_inside_are_refused_without_blocking(tmp_path, kind):
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    if kind == "fifo":
+        os.mkfifo(inside / "x.log")
+    else:
+        (inside / "x.log").mkdir()
+    with pytest.raises(ToolError, match="not a regular file"):
+        AllowedRoots.from_paths([inside]).open_file("x.log", field="path")

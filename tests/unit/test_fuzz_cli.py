@@ -5,11 +5,9 @@ budget keeps CI fast."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,18 +15,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmark_modules import load_benchmark
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load("fuzz")
+fuzz = load_benchmark("fuzz")
 BUDGET = {"validate": 200, "estimate": 200, "check-logs": 200, "generate": 60, "diagnose": 60, "card": 30,
           "verify": 100}
 

@@ -245,13 +245,21 @@ def read_file(path: Path, *, recognised: Callable[[dict[str, Any]], bool] | None
             os.close(fd)
     except FileRefused as exc:
         raise ConfigError(exc.message, fix=exc.fix or "give a YAML or JSON config file") from None
+    return parse_file_bytes(raw, name=name, suffix=Path(path).suffix, recognised=recognised)
+
+
+def parse_file_bytes(raw: bytes, *, name: str, suffix: str,
+                     recognised: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+    """The bytes of a config file named `name` (ending in `suffix`) -> dict, by read_file's policy."""
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(f"{name}: more than {MAX_BYTES // 1_000_000} MB; this is not a training config")
     if b"\x00" in raw:
         raise ConfigError(f"{name}: binary file (NUL bytes), not YAML or JSON")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{name}: not UTF-8 text (bad byte at offset {exc.start}); binary file?") from None
-    suffix = Path(path).suffix.lower()
+    suffix = suffix.lower()
     if suffix in CONFIG_SUFFIXES:
         return parse_text(text, name=name, fmt="json" if suffix == ".json" else None)
     if not text.strip():
