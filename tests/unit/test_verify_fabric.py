@@ -13,7 +13,7 @@ from moe_overlap.verify.launch_print import rank_environment, torchrun_command, 
 from moe_overlap.verify.launcher import _rank_env
 from moe_overlap.verify.offline import _load_plan
 from moe_overlap.verify.options import VerifyOptions
-from moe_overlap.verify.plan import VerifyInputError, make_plan
+from moe_overlap.verify.plan import VerifyInputError, make_plan, prepare_out
 from moe_overlap.verify.plan_file import save_plan
 
 
@@ -39,9 +39,8 @@ def test_fabric_reaches_every_rank_and_the_torchrun_command(tmp_path):
     cmd = torchrun_command(plan)
     assert cmd.startswith("NCCL_NET=Socket NCCL_NSOCKS_PERTHREAD=4") and " torchrun " in cmd
     assert cmd.endswith("--device cuda --fabric emulated-net --a2a ce --no-explain")
-    (tmp_path / "o").mkdir()
+    prepare_out(plan)  # the run's own folder (marker, config.json), as --print-launch makes it
     save_plan(plan)
-    (tmp_path / "o" / "config.json").write_text(plan.cfg.model_dump_json())
     again = _load_plan(tmp_path / "o")
     assert (again.fabric, again.a2a, again.explain) == ("emulated-net", "ce", False)
     data = json.loads((tmp_path / "o" / "plan.json").read_text())
