@@ -40,10 +40,6 @@ PROXY_MEASURED_MS = 7.12 + 10.48
 LAYER_SHAPES = {"qwen3-30b-a3b": dict(hidden=2048, moe_ffn=768, experts=128, topk=8),
                 "deepseek-v3": dict(hidden=7168, moe_ffn=2048, experts=256, topk=8),
                 "dsv3-proxy": dict(hidden=7168, moe_ffn=2048, experts=32, topk=8)}
-# Provisional: two H200s (NV18 NVLink), `bash benchmarks/run_multi_gpu.sh`, 2026-11-29, layer fwd+bwd ms at EP 2
-# (none, 1f1b pair, all-to-alls alone, experts alone); the results file is not committed yet.
-PROVISIONAL_EP2 = {"qwen3-30b-a3b": (7.25, 7.96, 1.71, 2.11), "deepseek-v3": (26.36, 24.68, 4.20, 16.28),
-                   "dsv3-proxy": (20.97, 19.76, 4.18, 12.77)}
 PAIRS = 64  # micro-batches in the 1f1b estimate of one layer: edge effects (first forward, last backward) 1/64
 
 
@@ -90,23 +86,21 @@ def _ours(files: list[str]) -> list[tuple[str, int, str, dict[str, tuple]]]:
                 alone = p.get("alone", {})
                 found[p["preset"]] = (rows["none"], rows["1f1b"], alone.get("comm_ms"), alone.get("compute_ms"))
         if found:
-            out.append((str(Path(path).relative_to(ROOT)), int(data["world"]), data.get("fabric") or "native", found))
-    if not out:
-        out.append(("provisional: two H200s, 2026-11-29 (`bash benchmarks/run_multi_gpu.sh`; file not committed)",
-                    2, "native", PROVISIONAL_EP2))
+            out.append((str(Path(path).relative_to(ROOT)), int(data["world"]), data.get("fabric") or "native",
+                        data.get("a2a") or "nccl", found))
     return out
 
 
 def our_rows(files: list[str]) -> list[dict]:
     rows = []
-    for label, world, fabric, found in _ours(files):
+    for label, world, fabric, transport, found in _ours(files):
         link = "h200-nvlink" if fabric == "native" else "h200-nvlink+ib-400g"
         for preset, (none, pair, a2a, experts) in found.items():
             shape = dict(LAYER_SHAPES[preset], tokens=4096, ep=world, gpus_per_node=8 if fabric == "native" else 1)
             if fabric != "native" and world > 1:
                 shape["gpus_per_node"] = 1  # emulated network: every peer is "another node"
             plain = _est(**shape, fabric=link, gpu_preset="h200", micro_batches=PAIRS)
-            what = f"ours, {preset}, EP {world}, {fabric}"
+            what = f"ours, {preset}, EP {world}, {fabric}, {transport}"
             rows.append(_row(what, "layer fwd+bwd ms, none (presets)", plain["none"].step_ms / PAIRS, none,
                              None, label))
             # Calibrated on the same run: expert rate from the experts alone, bandwidth from the all-to-alls

@@ -71,7 +71,7 @@ step() {  # step NAME SECONDS CMD...: run under a timeout, report its exit statu
 part_layer() {
   local status=0
   if [ "$DEV" = cuda ]; then
-    step "gpu tests" 120 "$PY" -m pytest -q -p no:cacheprovider tests/gpu --ignore=tests/gpu/test_verify_gpu.py || status=1
+    step "gpu tests" 200 "$PY" -m pytest -q -p no:cacheprovider tests/gpu --ignore=tests/gpu/test_verify_gpu.py || status=1
   fi
   step "ep_overlap nccl" 130 "$PY" benchmarks/ep_overlap.py --device "$DEV" --world "$N" --timeout 120 \
       "${BENCH[@]}" --out "$OUT/ep_overlap_${DEV}_r$N.json" || status=1

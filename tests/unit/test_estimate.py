@@ -123,7 +123,9 @@ def test_presets_win_over_calibration_efficiency_included():
     assert h.intra_gbps == pytest.approx(450 * 0.75) and h.intra_latency_us == 15.0
     assert h.expert_tflops == 642.6 and h.perm_ns_per_elem is None and h.act_ns_per_elem is None
     # The fabric names the target machine: its link's efficiency, not the calibrated machine's.
-    assert h.overlap_efficiency == 0.0 and h.efficiency_source.startswith("h100-nvlink preset")
+    from moe_overlap.skill.estimate.hardware import NVLINK_OVERLAP_EFFICIENCY
+
+    assert h.overlap_efficiency == NVLINK_OVERLAP_EFFICIENCY and h.efficiency_source.startswith("h100-nvlink preset")
     assert est(calibration=cal.model_dump(), fabric=None, intra_gbps=300.0).hardware.overlap_efficiency == 0.4
 
 

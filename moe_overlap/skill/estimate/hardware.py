@@ -4,9 +4,8 @@ Torch-free. Every preset says where its number comes from: a public datasheet or
 committed under benchmarks/results/ (with the command that reproduces it). Bandwidths are nominal per GPU and
 per direction; the estimator multiplies them by an all-to-all efficiency (see ``DEFAULT_A2A_EFFICIENCY``).
 
-A GPU with no measurement has no GEMM preset (pass ``--tflops``). Overlap efficiencies per link kind marked
-``provisional`` come from a project measurement whose result file is not committed yet: they say so, and name
-the command that will commit it.
+A GPU with no measurement has no GEMM preset (pass ``--tflops``). Overlap efficiencies per link kind come from
+the project's two-H200 measurement (files in ``EFFICIENCY_FILES``).
 """
 
 from __future__ import annotations
@@ -19,16 +18,19 @@ from dataclasses import dataclass
 DEFAULT_A2A_EFFICIENCY = 0.75
 
 # Overlap efficiency (share of the shorter of communication and compute hidden when both run at once) per kind
-# of link. Provisional until the two-GPU results are committed: measured by the project on two H200s (one host,
-# NV18 NVLink, torch 2.11, 2026-11-29): an NCCL all_to_all_single of a DeepSeek-V3-proxy dispatch (0.82 ms
-# alone) beside a compute-bound grouped GEMM (2.50 ms alone) took 3.51 ms, more than the two one after the other
-# (3.32 ms): nothing hidden. The same over NCCL's network transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, an
-# emulated inter-node link) hid the GEMM completely.
-PROVISIONAL_EFFICIENCY_SOURCE = ("provisional: project measurement on two H200s (NVLink), 2026-11-29, result file "
-                                 "not committed yet; `bash benchmarks/run_multi_gpu.sh` on a two-GPU machine "
-                                 "reproduces it under benchmarks/results/")
-NVLINK_OVERLAP_EFFICIENCY = 0.0  # an SM-driven all-to-all beside compute-bound GEMMs
-NETWORK_OVERLAP_EFFICIENCY = 1.0  # a NIC (or NCCL's network transport) moves the bytes: no SM taken
+# of link, measured by this project on two H200s (one host, NV18 NVLink, torch 2.11, NCCL; 2026-11-29;
+# `PART=layer bash benchmarks/run_multi_gpu.sh`): the 1f1b layer pair against the same layer's nodes run one
+# after the other, (T_nodes - T_1f1b) / min(T_comm, T_compute) with both pieces timed alone in the same run.
+# NCCL's SM-driven all-to-all over NVLink: -0.08 / 0.69 / 0.56 at the Qwen3-30B-A3B / DeepSeek-V3 / DSv3-proxy
+# shapes (median 0.56: the small Qwen3 layer is host-bound and hides nothing); NCCL's network transport (an
+# emulated inter-node link, the `balanced` shape): 0.73 (0.91 with delayed wgrad).
+# tests/unit/test_estimate_presets.py recomputes both from the committed files.
+EFFICIENCY_FILES = ("benchmarks/results/h200x2_2026-11-29/ep_overlap_cuda_r2.json",
+                    "benchmarks/results/h200x2_2026-11-29/ep_overlap_cuda_r2_emulated-net.json")
+EFFICIENCY_SOURCE = ("measured on two H200s, 2026-11-29: 1f1b vs the sequential layer, median over three shapes "
+                     f"(NVLink, NCCL: {EFFICIENCY_FILES[0]}; network: {EFFICIENCY_FILES[1]})")
+NVLINK_OVERLAP_EFFICIENCY = 0.56  # an SM-driven all-to-all beside the GEMMs (copy engines: 0.31-0.96)
+NETWORK_OVERLAP_EFFICIENCY = 0.73  # NCCL's network transport: the bytes cross without SMs
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,8 @@ class GpuPreset:
         return dict(self.by_model).get(model or "", self.expert_tflops)
 
 
-_NV = dict(overlap_efficiency=NVLINK_OVERLAP_EFFICIENCY, efficiency_source=PROVISIONAL_EFFICIENCY_SOURCE)
-_NET = dict(overlap_efficiency=NETWORK_OVERLAP_EFFICIENCY, efficiency_source=PROVISIONAL_EFFICIENCY_SOURCE)
+_NV = dict(overlap_efficiency=NVLINK_OVERLAP_EFFICIENCY, efficiency_source=EFFICIENCY_SOURCE)
+_NET = dict(overlap_efficiency=NETWORK_OVERLAP_EFFICIENCY, efficiency_source=EFFICIENCY_SOURCE)
 
 LINKS: dict[str, LinkPreset] = {
     p.name: p
@@ -73,7 +75,7 @@ LINKS: dict[str, LinkPreset] = {
         LinkPreset("b200-nvlink", "intra", 900.0, 15.0,
                    "NVLink 5: 1.8 TB/s bidirectional per GPU (NVIDIA B200 datasheet)",
                    overlap_efficiency=NVLINK_OVERLAP_EFFICIENCY,
-                   efficiency_source="assumed as on H200 (SM-driven all-to-all); " + PROVISIONAL_EFFICIENCY_SOURCE),
+                   efficiency_source="assumed as on H200 (SM-driven all-to-all); " + EFFICIENCY_SOURCE),
         LinkPreset("ib-400g", "inter", 50.0, 30.0,
                    "one 400 Gb/s InfiniBand NIC per GPU = 50 GB/s per direction (e.g. ConnectX-7 in DGX H100/H200)",
                    **_NET),
