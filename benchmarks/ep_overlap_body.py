@@ -46,6 +46,28 @@ class MoEOnlyBlock(nn.Module):
         return x_BSD
 
 
+def build_layer(shape: dict, group, rank: int, device, dtype):
+    """The benchmarked layer at ``shape`` (balanced routing, default random init on the device), the block
+    that runs it through the node machinery, and this rank's inputs: (layer, block, x0, x1, gout)."""
+    from moe_overlap.ep.layer import MoELayer
+
+    # seed=None: no host-side draw of all E experts (45 GB fp32 at the DeepSeek-V3 shape).
+    layer = MoELayer(shape["hidden"], shape["ffn"], shape["experts"], shape["topk"], group,
+                     force_balance=True, dtype=dtype, device=device, seed=None)
+    gen = torch.Generator().manual_seed(rank)
+    x0, x1, gout = (torch.randn(shape["tokens"], shape["hidden"], generator=gen).to(device, dtype)
+                    for _ in range(3))
+    return layer, MoEOnlyBlock(layer), x0, x1, gout
+
+
+def bench_transport(a2a: str, shape: dict, group, device, dtype):
+    """(transport or None, why) sized for ``shape``'s largest all-to-all (T * K rows of D elements)."""
+    from moe_overlap.ep.transport import make_transport
+
+    return make_transport(a2a, group, device, max_rows=shape["tokens"] * shape["topk"],
+                          max_row_bytes=shape["hidden"] * (torch.finfo(dtype).bits // 8))
+
+
 class Clock:
     """Times one call after a barrier of all ranks; keeps every sample under its key."""
 
@@ -213,11 +235,7 @@ def balanced_ffn(shape: dict, group, device, dtype, comm) -> int:
     """The expert ffn size that makes the experts' fwd+bwd take about as long as the layer's four
     all-to-alls on this fabric (measured here, at ``shape`` with ffn = ``shape["ffn"]``; compute grows
     linearly with ffn, the all-to-alls not at all). Every rank gets the same answer (max over ranks)."""
-    from moe_overlap.ep.layer import MoELayer
-
-    layer = MoELayer(shape["hidden"], shape["ffn"], shape["experts"], shape["topk"], group,
-                     force_balance=True, dtype=dtype, device=device, seed=None)
-    x0 = torch.randn(shape["tokens"], shape["hidden"], device=device).to(dtype)
+    layer, _, x0, _, _ = build_layer(shape, group, dist.get_rank(group), device, dtype)
     clock = Clock(group, device, warmup=1)
     for r in range(3):
         clock.round = r
@@ -241,9 +259,7 @@ def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, war
     from types import SimpleNamespace
 
     from moe_overlap.ep.fabric import FABRICS
-    from moe_overlap.ep.layer import MoELayer
     from moe_overlap.ep.streams import make_comm_stream
-    from moe_overlap.ep.transport import make_transport
 
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     env = {k: os.environ.get(k) for k in NVLS_ENV}
@@ -257,20 +273,12 @@ def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, war
     results = []
     for name, shape in presets:
         shape = dict(shape)
-        elt = torch.finfo(dtype).bits // 8
-        transport, why = make_transport(a2a, group, device, max_rows=shape["tokens"] * shape["topk"],
-                                        max_row_bytes=shape["hidden"] * elt)
+        transport, why = bench_transport(a2a, shape, group, device, dtype)
         comm = SimpleNamespace(group=group, stream=make_comm_stream(device), counts_group=counts_group,
                                transport=transport)
         if shape["ffn"] == "balanced":
             shape["ffn"] = balanced_ffn(dict(shape, ffn=shape["ffn_base"]), group, device, dtype, comm)
-        # seed=None: no host-side draw of all E experts (45 GB fp32 at the DeepSeek-V3 shape).
-        layer = MoELayer(shape["hidden"], shape["ffn"], shape["experts"], shape["topk"], group,
-                         force_balance=True, dtype=dtype, device=device, seed=None)
-        block = MoEOnlyBlock(layer)
-        gen = torch.Generator().manual_seed(rank)
-        x0, x1, gout = (torch.randn(shape["tokens"], shape["hidden"], generator=gen).to(device, dtype)
-                        for _ in range(3))
+        layer, block, x0, x1, gout = build_layer(shape, group, rank, device, dtype)
         clock = Clock(group, device, warmup)
         info = {}
         for r in range(warmup + rounds):

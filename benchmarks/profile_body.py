@@ -80,14 +80,12 @@ def _host_profile(fns, layer, device, profiled: bool, iters=10) -> dict:
 
 
 def profile_body(rank, world, group, presets, device_type, out_dir, a2a):
-    from ep_overlap_body import MoEOnlyBlock
+    from ep_overlap_body import bench_transport, build_layer
     from torch.profiler import ProfilerActivity, profile, record_function
     from trace_summary import load, summarize
 
-    from moe_overlap.ep.layer import MoELayer
     from moe_overlap.ep.nodes import NodeContext
     from moe_overlap.ep.streams import make_comm_stream
-    from moe_overlap.ep.transport import make_transport
 
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     dtype = torch.bfloat16 if device_type == "cuda" else torch.float32
@@ -95,15 +93,8 @@ def profile_body(rank, world, group, presets, device_type, out_dir, a2a):
     counts_group = dist.new_group(backend="gloo") if world > 1 else None
     results = []
     for name, shape in presets:
-        elt = torch.finfo(dtype).bits // 8
-        transport, transport_why = make_transport(a2a, group, device, max_rows=shape["tokens"] * shape["topk"],
-                                                  max_row_bytes=shape["hidden"] * elt)
-        layer = MoELayer(shape["hidden"], shape["ffn"], shape["experts"], shape["topk"], group,
-                         force_balance=True, dtype=dtype, device=device, seed=None)
-        block = MoEOnlyBlock(layer)
-        gen = torch.Generator().manual_seed(rank)
-        x0, x1, gout = (torch.randn(shape["tokens"], shape["hidden"], generator=gen).to(device, dtype)
-                        for _ in range(3))
+        transport, transport_why = bench_transport(a2a, shape, group, device, dtype)
+        layer, block, x0, x1, gout = build_layer(shape, group, rank, device, dtype)
 
         def ctx_for(region, store=None, transport=transport):
             if region == "none":
