@@ -2,8 +2,9 @@
 
     report = run_verification(VerifyOptions(), progress=print, cancel=threading.Event())
 
-`progress(dict)` receives {"event": "start"|"mode"|"step"|"done", "mode", "step", "steps", "elapsed_s", ...};
-the CLI prints it on stderr, the MCP server forwards it. Setting `cancel` kills every rank; the report is
+`progress(dict)` receives {"event": "start"|"ranks"|"init"|"mode"|"step"|"judge"|"done", "mode", "step", "steps",
+"elapsed_s", ...}; verify.progress turns them into one growing count, which the CLI prints on stderr and the
+MCP server sends as notifications/progress. Setting `cancel` kills every rank; the report is
 still written (verdict `cancelled`). Bad input raises VerifyInputError before anything is launched.
 """
 
@@ -192,13 +193,18 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
     def on_record(rank: int, rec: dict[str, Any]) -> None:
         if rank != 0:
             return
-        if rec["kind"] == "mode_start":
+        if rec["kind"] == "hello":
+            emit({"event": "ranks", "nproc": plan.nproc})
+        elif rec["kind"] == "init":
+            emit({"event": "init", "backend": rec.get("backend")})
+        elif rec["kind"] == "mode_start":
             emit({"event": "mode", "mode": rec["mode"], "schedule": rec.get("schedule")})
         elif rec["kind"] == "step":
             emit({"event": "step", "mode": rec["mode"], "step": rec["step"] + 1, "steps": plan.max_steps,
                   "loss": rec["loss"]})
 
-    emit({"event": "start", "modes": [s.name for s in plan.specs], "nproc": plan.nproc, "out": str(plan.out)})
+    emit({"event": "start", "modes": [s.name for s in plan.specs], "nproc": plan.nproc, "steps": plan.cfg.steps,
+          "max_steps": plan.max_steps, "out": str(plan.out)})
     with interrupts_once() as guard:
         for attempt in range(2):
             result = launch(nproc=plan.nproc, device=plan.device, config_path=config_path,
@@ -214,6 +220,7 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
                 continue
             break
         guard.hold()  # from here on Ctrl-C waits: the report is written whatever happens
+        emit({"event": "judge"})
         report = build_report(plan, result, validation, started_at=started_at, t0=t0,
                               command=options_command(options), extra_notes=progress_broken)
     emit({"event": "done", "verdict": report.verdict, "out": str(plan.out)})
