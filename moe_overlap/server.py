@@ -73,16 +73,16 @@ def build_server(options: ServerOptions | None = None) -> MCPServer:
     guard = ArgumentGuard()
     skills = resources.skill_folders()
     instructions = INSTRUCTIONS + f"\nAllowed folders: {roots.describe()} (relative paths start in the first)."
+    tools = tools_skill.tools(guard, roots) + tools_verify.tools(guard, roots, jobs, runs_dir)
     server = MCPServer(NAME, title="MoE EP-overlap skill", version=__version__, instructions=instructions,
-                       lifespan=lifespan, middleware=[guard],
+                       lifespan=lifespan, middleware=[guard], tools=tools,
                        extensions=[SkillsExtension(skills)], log_level=options.log_level)  # type: ignore[arg-type]
     for entry in resources.registry():
         server.add_resource(FileResource(uri=entry.uri, name=entry.name, description=entry.description,
                                          mime_type=entry.mime_type, path=entry.path,
                                          encoding="utf-8" if resources.is_text(entry.mime_type) else None))
-    tools_skill.register(server, guard, roots)
-    tools_verify.register(server, guard, roots, jobs, runs_dir)
-    prompts.register(server)
+    tools_verify.register_resources(server, jobs)
+    prompts.register(server, guard)
     server.jobs = jobs  # type: ignore[attr-defined]  # tests and main() reach the job manager here
     return server
 

@@ -1,17 +1,29 @@
-"""Input models of the MCP tools whose arguments are not already a `skill/` request model.
+"""Input models of the MCP tools: every argument described, every closed set an enum, examples in the schema.
 
-(`generate_config` takes `skill.generate.GenerateRequest` and `estimate_overlap_benefit` takes
-`skill.estimate.EstimateRequest` as they are.) Every field has a description: it is what the model
-reads in the tool's input schema, and what `toolkit` quotes in a "Fix:" when the value is wrong.
-Torch-free.
+`generate_config` and `estimate_overlap_benefit` take the `skill/` request models with their enum-like
+fields narrowed to the tables the tools check against (choices.py). Every field has a description: it is
+what the model reads in the tool's input schema, and what `toolkit` quotes in a "Fix:" when the value
+is wrong. Torch-free.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 
+from moe_overlap.mcp import choices
 from moe_overlap.mcp.safety import (
     MAX_CONFIG_CHARS,
     MAX_LOG_CHARS,
@@ -19,9 +31,75 @@ from moe_overlap.mcp.safety import (
     MAX_PATH_CHARS,
     MAX_TEXT_CHARS,
 )
+from moe_overlap.skill.estimate.model import EstimateRequest
+from moe_overlap.skill.generate.model import GenerateRequest
 
-SKILL = "perf-expert-parallel-overlap"
+SKILL = choices.SKILL
 Mode = Literal["baseline", "overlap", "overlap+wgrad"]
+ConfigKind = Literal["object", "path", "text"]
+_PATH = re.compile(r"^[^\n{]*\.(ya?ml|json)$", re.IGNORECASE)
+_TEXT = re.compile(r"\n|^\s*[{\[]")
+# One argument, three forms; the two string forms cannot both match (a path has no newline and no '{').
+CONFIG_SCHEMA = {
+    "oneOf": [
+        {"type": "object"},
+        {"type": "string", "pattern": _PATH.pattern, "maxLength": MAX_PATH_CHARS},
+        {"type": "string", "pattern": _TEXT.pattern, "maxLength": MAX_CONFIG_CHARS},
+    ],
+    "examples": ["configs/train.yaml"],
+}
+CONFIG_FORMS = "an object (sections model, comm_overlap, ddp), a .yaml/.json path in an allowed folder, or text"
+
+
+def config_kind(value: Any) -> ConfigKind:
+    """Which form of the `config` argument `value` is (its schema's oneOf arm)."""
+    if isinstance(value, dict):
+        return "object"
+    return "text" if _TEXT.search(value) else "path"
+
+
+def _check_config(value: Any) -> Any:
+    if value is None or isinstance(value, dict):
+        return value
+    kind = config_kind(value)
+    if kind == "text" and len(value) > MAX_CONFIG_CHARS:
+        raise ValueError(f"config text is {len(value)} characters; the limit is {MAX_CONFIG_CHARS}")
+    if kind == "path" and (len(value) > MAX_PATH_CHARS or not _PATH.match(value)):
+        raise ValueError("a one-line string must be the path of a .yaml, .yml or .json file; pass YAML text "
+                         "on several lines, or the config as a JSON object")
+    return value
+
+
+ConfigArg = Annotated[dict[str, Any] | str | None, AfterValidator(_check_config), WithJsonSchema(CONFIG_SCHEMA)]
+
+
+def _gpu(value: Any) -> Any:
+    """A known GPU name (any case) or a compute capability; anything else is refused with the choices."""
+    if not isinstance(value, str):
+        return value
+    known = {n.upper(): n for n in choices.gpu_names()}
+    if value.strip().upper() in known:
+        return known[value.strip().upper()]
+    if re.match(choices.CAPABILITY_PATTERN, value.strip()):
+        return value.strip()
+    raise ValueError(f"unknown GPU {value!r}; give one of {', '.join(choices.gpu_names())} or a compute "
+                     "capability such as 9.0")
+
+
+def _gpu_arg(description: str) -> Any:
+    return Annotated[str | None, AfterValidator(_gpu), WithJsonSchema(choices.gpu_schema(description))]
+
+
+def _lower(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+def _fabric(value: Any) -> Any:
+    """Either order, any case: 'IB-400G+h100-nvlink' is 'h100-nvlink+ib-400g'."""
+    if not isinstance(value, str):
+        return value
+    parts = [p.strip().lower() for p in value.split("+") if p.strip()]
+    return "+".join(sorted(parts, key=lambda p: (not p.endswith("nvlink"), p)))
 
 
 class _Input(BaseModel):
@@ -29,19 +107,24 @@ class _Input(BaseModel):
 
 
 class _ConfigSource(_Input):
-    """Exactly one way to give a config: a JSON object, YAML/JSON text, or a file under an allowed folder."""
+    """The config in one argument (`config`); the older split spellings are still read, not advertised."""
 
-    config: dict[str, Any] | None = Field(
-        None, description="the config as a JSON object: sections model/comm_overlap/ddp (Megatron-Bridge names)")
-    config_text: str | None = Field(
-        None, max_length=MAX_CONFIG_CHARS,
-        description="the config as YAML or JSON text")
-    config_path: str | None = Field(
-        None, max_length=MAX_PATH_CHARS,
-        description="path of a YAML/JSON config file inside an allowed folder (relative to the first one)")
+    config_text: SkipJsonSchema[str | None] = Field(None, max_length=MAX_CONFIG_CHARS)
+    config_path: SkipJsonSchema[str | None] = Field(None, max_length=MAX_PATH_CHARS)
+
+    def source(self) -> tuple[ConfigKind, Any] | None:
+        """(form, value) of the config given, or None."""
+        value = getattr(self, "config", None)
+        if value is not None:
+            return config_kind(value), value
+        if self.config_text is not None:
+            return "text", self.config_text
+        if self.config_path is not None:
+            return "path", self.config_path
+        return None
 
     def _count_sources(self) -> int:
-        return sum(x is not None for x in (self.config, self.config_text, self.config_path))
+        return sum(x is not None for x in (getattr(self, "config", None), self.config_text, self.config_path))
 
 
 class ListSkillsInput(_Input):
@@ -49,71 +132,125 @@ class ListSkillsInput(_Input):
 
 
 class GetSkillCardInput(_Input):
-    name: str = Field(SKILL, max_length=64, description="the skill name, as list_skills returns it")
+    name: Literal[choices.skill_names()] = Field(  # type: ignore[valid-type]
+        SKILL, description="the skill, as list_skills names it")
+    section: Literal[choices.card_sections()] | None = Field(  # type: ignore[valid-type]
+        None, description="one section; without section and field: the contents")
     field: str | None = Field(
-        None, max_length=256,
-        description="a dotted path into the card, e.g. 'constraints.ep-size-gt-1' or 'minimal_example.config'; "
-                    "list entries by index or by id/name; omit for the whole card")
+        None, max_length=256, examples=["constraints.ep-size-gt-1"],
+        description="a dotted path (inside `section` when given); list entries by id, name or index")
 
 
 class ValidateConfigInput(_ConfigSource):
+    config: ConfigArg = Field(None, description=f"the config: {CONFIG_FORMS}")
     argv: str | list[str] | None = Field(
         None, max_length=MAX_CONFIG_CHARS,
-        description="Megatron-LM command-line flags, e.g. '--expert-model-parallel-size 8 "
-                    "--overlap-moe-expert-parallel-comm' (alone, or applied on top of a config)")
+        description="Megatron-LM flags, e.g. --expert-model-parallel-size 8 (alone or on top of `config`)")
     overrides: list[str] = Field(
         default_factory=list, max_length=MAX_OVERRIDES,
-        description="dotted key=value overrides applied on top, e.g. 'model.expert_model_parallel_size=8'")
-    torch_version: str | None = Field(None, max_length=32, description="PyTorch version of the target, e.g. '2.6.0'")
-    te_version: str | None = Field(None, max_length=32, description="Transformer Engine version, e.g. '2.7.0'")
-    megatron_core_version: str | None = Field(None, max_length=32, description=(
-        "Megatron-Core version, e.g. '0.19.2' (rules known for 0.16-0.19; another gets the nearest and a warning)"))
-    gpu: str | None = Field(None, max_length=64, description="GPU of the target, e.g. 'H100' or 'B200'")
-    env: dict[str, str] | None = Field(
-        None, description="environment variables of the target job (e.g. CUDA_DEVICE_MAX_CONNECTIONS)")
+        description="key=value overrides on top, e.g. model.expert_model_parallel_size=8")
+    torch_version: str | None = Field(None, max_length=32, description="target torch version, e.g. 2.6.0")
+    te_version: str | None = Field(None, max_length=32, description="target Transformer Engine version")
+    megatron_core_version: str | None = Field(None, max_length=32, description="target Megatron-Core version (rules for 0.16-0.19)")
+    gpu: _gpu_arg("target GPU: product name or compute capability") = None  # type: ignore[valid-type]
+    env: dict[str, str] | None = Field(None, description="the target job's environment variables")
 
     @model_validator(mode="after")
     def _one_source(self) -> ValidateConfigInput:
         if self._count_sources() > 1 or (self._count_sources() == 0 and self.argv is None):
-            raise ValueError("give exactly one of `config` (object), `config_text` (YAML/JSON text) "
-                             "or `config_path` (file under an allowed folder), or Megatron-LM flags in `argv`")
+            raise ValueError("give the config in `config` (an object, a file path or YAML/JSON text), "
+                             "Megatron-LM flags in `argv`, or both")
         return self
 
 
-class RunVerificationInput(_Input):
-    config: dict[str, Any] | None = Field(
-        None, description="the config to verify as a JSON object (moe-overlap format or Megatron-Bridge sections); "
-                          "omit all three config fields for the built-in small default")
-    config_text: str | None = Field(None, max_length=MAX_CONFIG_CHARS, description="the config as YAML or JSON text")
-    config_path: str | None = Field(None, max_length=MAX_PATH_CHARS,
-                                    description="path of a config file inside an allowed folder")
-    nproc: int | None = Field(None, ge=1, le=8, description="rank processes to spawn (1-8); default: the config's EP size")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="'cpu' (gloo) or 'cuda' (NCCL, needs GPUs)")
-    steps: int | None = Field(None, ge=2, le=500, description="optimizer steps per mode (2-500)")
-    micro_batches: int | None = Field(None, ge=1, le=64, description="micro-batches per step (1-64)")
-    modes: list[Mode] | None = Field(None, min_length=1, max_length=3,
-                                     description="subset of baseline, overlap, overlap+wgrad; default: all")
+def _schema_text(descriptions: dict[str, str], examples: list[dict[str, Any]]) -> Any:
+    """Published descriptions for a `skill/` request model (short: every tools/list carries them) and examples.
+
+    Only the schema changes; the fields, their bounds and their validation stay the model's own.
+    """
+    def apply(schema: dict[str, Any], cls: type) -> None:
+        for name, text in descriptions.items():
+            schema["properties"][name]["description"] = text
+        schema["examples"] = examples
+    return apply
+
+
+class GenerateInput(GenerateRequest):
+    """generate_config's request with the model preset and the GPU as closed sets."""
+
+    preset: Annotated[Literal[choices.model_presets()] | None, BeforeValidator(_lower)] = None  # type: ignore[valid-type]
+    gpu: _gpu_arg("target GPU: product name or compute capability") = None  # type: ignore[valid-type]
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_schema_text({
+        "ep": "EP size (expert_model_parallel_size); or give preset + gpus", "experts": "experts per MoE layer",
+        "topk": "experts per token", "dispatcher": "token dispatcher (the flex stage uses flex)",
+        "flex_backend": "flex backend (default: by GPU)", "precision": "fp32 becomes bf16 (overlap needs bf16/fp16)",
+        "tp": "tensor-parallel size", "pp": "pipeline-parallel size", "vpp": "virtual pipeline size (chosen when "
+        "pp > 1)", "num_layers": "layers (needed with pp > 1 without a preset)",
+        "micro_batches": "micro-batches per DP rank (overlap needs >= 2)", "recompute": "activation recompute "
+        "(full is refused)", "preset": "model preset (instead of experts, topk)", "gpus": "total GPUs; without ep, "
+        "EP = gcd(experts, gpus / (tp x pp))", "stage": "rollout stage", "plan": "every stage in order, with its "
+        "checks", "to": "config format", "torch_version": "target torch version", "te_version": "target "
+        "Transformer Engine version", "megatron_core_version": "Megatron-Core rule set (default: installed)",
+    }, [{"preset": "qwen3-30b-a3b", "gpus": 64, "plan": True}]))
+
+
+class EstimateInput(EstimateRequest):
+    """estimate_overlap_benefit's request with the fabric and GPU presets as closed sets."""
+
+    fabric: Annotated[Literal[choices.fabrics()] | None, BeforeValidator(_fabric)] = None  # type: ignore[valid-type]
+    gpu_preset: Annotated[Literal[choices.gpu_presets()] | None, BeforeValidator(_lower)] = None  # type: ignore[valid-type]
+    calibration: Annotated[Any, WithJsonSchema({"type": "object"})] = None
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_schema_text({
+        "hidden": "hidden size D", "moe_ffn": "expert FFN size F", "experts": "routed experts E",
+        "topk": "experts per token K", "tokens": "tokens per rank per micro-batch (seq x mbs)", "ep": "EP degree",
+        "micro_batches": "per step (1f1b needs >= 2)", "layers": "MoE layers", "gpus_per_node": "GPUs per node",
+        "precision": "training precision", "fabric": "link presets: intra, inter or intra+inter",
+        "intra_gbps": "intra-node GB/s per GPU per direction (instead of fabric)", "inter_gbps": "inter-node "
+        "GB/s per GPU per direction", "a2a_efficiency": "achieved share of link bandwidth",
+        "gpu_preset": "measured GEMM/memory rates (else tflops)", "tflops": "expert GEMM TFLOP/s",
+        "dense_tflops": "dense GEMM TFLOP/s", "mem_gbps": "memory-bound kernel GB/s", "attn_ms": "attention "
+        "forward ms per layer and micro-batch", "overhead_ms": "host ms per layer and micro-batch",
+        "other_ms": "ms per step outside the layers", "chunks": "chunks of the chunked schedule",
+        "chunk_backward": "chunk the backward too", "overlap_efficiency": "1: overlap hides comm fully; 0: not "
+        "at all", "calibration": "measured rates: request.calibration of a calibrated estimate",
+    }, [{"hidden": 2048, "moe_ffn": 768, "experts": 128, "topk": 8, "tokens": 4096, "ep": 8,
+         "fabric": "h100-nvlink+ib-400g", "gpu_preset": "h100"}]))
+
+    @field_validator("calibration", mode="after")
+    @classmethod
+    def _calibration(cls, v: Any) -> Any:
+        from moe_overlap.skill.estimate.model import Calibration
+
+        return v if v is None or isinstance(v, Calibration) else Calibration.model_validate(v)
+
+
+class RunVerificationInput(_ConfigSource):
+    config: ConfigArg = Field(None, description=f"the config to verify: {CONFIG_FORMS}; omit it for a small "
+                                                "built-in one")
+    nproc: int | None = Field(None, ge=1, le=8, description="rank processes to spawn; default: the config's EP size")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo) or cuda (NCCL, needs GPUs)")
+    steps: int | None = Field(None, ge=2, le=500, description="optimizer steps per mode")
+    micro_batches: int | None = Field(None, ge=1, le=64, description="micro-batches per step")
+    modes: list[Mode] | None = Field(None, min_length=1, max_length=3, description="modes to run; default: all")
     schedule: Literal["chunked", "1f1b"] | None = Field(None, description="the overlap schedule to verify")
-    timeout_s: float = Field(600.0, ge=5, le=3600, description="wall-clock limit of the whole run in seconds (5-3600)")
+    timeout_s: float = Field(600.0, ge=5, le=3600, description="wall-clock limit of the whole run, seconds")
     background: bool = Field(
-        False, description="true: return a job handle at once (poll get_verification_status); false: wait and "
-                           "report progress. Use true for runs longer than your client's tool timeout (often 60 s)")
+        False, description="true: return a job id at once (then get_verification_status), for runs longer "
+                           "than your tool timeout; false: wait, with progress")
 
     @model_validator(mode="after")
     def _at_most_one_source(self) -> RunVerificationInput:
-        if sum(x is not None for x in (self.config, self.config_text, self.config_path)) > 1:
-            raise ValueError("give at most one of `config`, `config_text`, `config_path`")
+        if self._count_sources() > 1:
+            raise ValueError("give the config once, in `config`")
         return self
 
 
 class JobInput(_Input):
-    job_id: str = Field(max_length=64, description="the job handle run_verification returned")
+    job_id: str = Field(max_length=64, description="what run_verification returned")
 
 
 class StatusInput(JobInput):
-    wait_s: float = Field(0.0, ge=0, le=50, description="seconds to wait for the job to finish before answering "
-                                                        "(0-50; keeps polling cheap while staying under client "
-                                                        "tool timeouts)")
+    wait_s: float = Field(0.0, ge=0, le=50, description="seconds to wait for the job to end before answering")
 
 
 class CancelInput(JobInput):

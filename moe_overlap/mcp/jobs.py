@@ -56,6 +56,7 @@ class Job:
     error: str | None = None
     ended_at: float | None = None
     thread: threading.Thread | None = None
+    view: Any = None  # what the tool layer keeps beside the run (its progress tracker)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_progress(self, event: dict[str, Any]) -> None:

@@ -1,58 +1,154 @@
-"""Registering a tool from a pydantic input model, and argument errors a model can act on.
+"""Tools from pydantic models: lean published schemas, compact JSON results, argument errors with the fix.
 
-Each tool is declared as (input model, handler(inputs, ctx) -> result model). The SDK derives a tool's
-input schema from the Python signature, so `add_model_tool` builds a wrapper whose signature lists
-the input model's fields (descriptions and constraints included). Why not let the SDK validate alone:
-its argument errors are raw pydantic dumps and it silently drops unknown arguments (a typo such as
-``backgroud: true`` would be ignored). `ArgumentGuard` runs first, as server middleware, and answers a
-bad ``tools/call`` with an ``isError`` result that names each field, what is wrong and the fix.
-Torch-free.
+Each tool is (input model, handler(inputs, ctx) -> result model). `model_tool` builds the SDK `Tool`
+itself rather than letting the SDK derive it from a Python signature, for three reasons:
+- the published schemas are ours: `schema_compact` takes out titles, null wrappers and single-use
+  definitions, keeps enums, bounds and examples, and the output schema points to the full one;
+- results are compact JSON (the SDK pretty-prints), with null fields left out;
+- the arguments reach the handler raw, validated once by the input model with our messages.
+`ArgumentGuard` runs first, as server middleware, and answers a bad ``tools/call`` with an ``isError``
+result that names each field, what is wrong and the fix (the SDK would silently drop an unknown
+argument such as ``backgroud: true``). Torch-free.
 """
 
 from __future__ import annotations
 
-import inspect
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any
+from functools import lru_cache
+from typing import Any
 
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field, ValidationError
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from moe_overlap.mcp.schema_compact import compact_json, lean_dump, lean_input, lean_output
+from moe_overlap.mcp.wording import reword
 
 logger = logging.getLogger(__name__)
 Handler = Callable[[Any, Context], Awaitable[BaseModel]]
 
 
-def annotations(*, read_only: bool, destructive: bool, idempotent: bool, open_world: bool,
-                title: str) -> ToolAnnotations:
-    """All four hints, always set explicitly (clients treat a missing hint as the unsafe default)."""
-    return ToolAnnotations(title=title, readOnlyHint=read_only, destructiveHint=destructive,
-                           idempotentHint=idempotent, openWorldHint=open_world)
+def annotations(*, read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> ToolAnnotations:
+    """All four hints, always set explicitly (clients treat a missing hint as the unsafe default).
+
+    The title is the tool's own `title`, not repeated here.
+    """
+    return ToolAnnotations(readOnlyHint=read_only, destructiveHint=destructive, idempotentHint=idempotent,
+                           openWorldHint=open_world)
 
 
-def _signature(model: type[BaseModel], result: type[BaseModel],
-               descriptions: dict[str, str]) -> inspect.Signature:
-    params = []
-    for name, field in model.model_fields.items():
-        # Only the schema-visible parts of the field go into the SDK's argument model; the full
-        # validation (validators included) is ArgumentGuard's and the handler's job.
-        info = Field(description=field.description or descriptions.get(name), examples=field.examples,
-                     json_schema_extra=field.json_schema_extra)
-        annotation = Annotated[(field.annotation, *field.metadata, info)]
-        default = inspect.Parameter.empty if field.is_required() else field.get_default(call_default_factory=True)
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                        annotation=annotation))
-    params.append(inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context))
-    return inspect.Signature(params, return_annotation=result)
+READ_ONLY = annotations(read_only=True, destructive=False, idempotent=True, open_world=False)
+
+
+class _RawArguments(ArgModelBase):
+    """Hands the client's arguments to the tool unchanged: the input model validates them (once)."""
+
+    model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True)
+
+    def model_dump_one_level(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+def structured(result: BaseModel) -> CallToolResult:
+    """A result as structured content and, for clients that read text only, the same JSON compact.
+
+    Commands of the `moe-overlap` CLI in the result's text become the MCP tool calls that do the same.
+    """
+    data = reword(lean_dump(result))
+    return CallToolResult(content=[TextContent(type="text", text=compact_json(data))], structured_content=data)
+
+
+def input_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return lean_input(model.model_json_schema())
+
+
+def output_schema(model: type[BaseModel], full: str | None) -> dict[str, Any]:
+    return lean_output(model.model_json_schema(), full=full)
+
+
+def model_tool(guard: ArgumentGuard, *, name: str, title: str, description: str, input_model: type[BaseModel],
+               result_model: type[BaseModel], handler: Handler, hints: ToolAnnotations,
+               full_schema: str | None = None) -> Tool:
+    """The SDK Tool running `handler` on `input_model`'s validated arguments.
+
+    `full_schema`: the resource holding the result's complete schema (the published one lists the
+    top-level keys only; see schema_compact.lean_output).
+    """
+
+    async def tool(ctx: Context, **arguments: Any) -> CallToolResult:
+        try:
+            inputs = input_model.model_validate(pre_parse(input_model, arguments))
+        except ValidationError as exc:
+            # Reached only without the middleware (MCPServer.call_tool in tests): same message.
+            raise ToolError(argument_problems(name, input_model, arguments) or str(exc)) from None
+        try:
+            return structured(await handler(inputs, ctx))
+        except (ToolError, MCPError):
+            raise
+        except Exception as exc:
+            # A bug, not bad input: the traceback goes to stderr; the model still learns what failed
+            # instead of the SDK's bare "Error executing tool".
+            logger.exception("tool %s crashed", name)
+            raise ToolError(f"internal error in `{name}`: {type(exc).__name__}: {exc}. This is a bug in "
+                            "moe-overlap, not in your input; the server log (stderr) has the traceback.") from exc
+
+    guard.models[name] = input_model
+    metadata = FuncMetadata(arg_model=_RawArguments, output_schema=output_schema(result_model, full_schema))
+    return Tool(fn=tool, name=name, title=title, description=description, parameters=input_schema(input_model),
+                fn_metadata=metadata, is_async=True, context_kwarg="ctx", annotations=hints)
+
+
+def pre_parse(model: type[BaseModel], arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments sent as JSON text where the field takes an object or a list (some clients stringify them)."""
+    out = dict(arguments)
+    structured_only = _structured_fields(model)
+    for key, value in arguments.items():
+        if key not in structured_only or not isinstance(value, str) or not value.lstrip().startswith(("{", "[")):
+            continue
+        try:
+            parsed = json.loads(value)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(parsed, dict | list):
+            out[key] = parsed
+    return out
+
+
+@lru_cache(maxsize=64)
+def _structured_fields(model: type[BaseModel]) -> frozenset[str]:
+    """Fields whose schema takes an object or an array and never a string."""
+    def types(node: dict[str, Any]) -> set[str]:
+        found = {node["type"]} if isinstance(node.get("type"), str) else set(node.get("type") or [])
+        for arm in node.get("anyOf", []) + node.get("oneOf", []):
+            found |= types(arm)
+        return found
+
+    props = model.model_json_schema().get("properties", {})
+    return frozenset(k for k, v in props.items() if types(v) & {"object", "array"} and "string" not in types(v))
+
+
+@lru_cache(maxsize=64)
+def published_arguments(model: type[BaseModel]) -> tuple[str, ...]:
+    """The argument names the input schema shows (older spellings a model still reads are left out)."""
+    return tuple(model.model_json_schema().get("properties", {}))
 
 
 class ArgumentGuard:
-    """Server middleware: validates ``tools/call`` arguments against the tool's input model first."""
+    """Server middleware: validates ``tools/call`` and ``prompts/get`` arguments against their models first.
+
+    A bad tool call is answered with an ``isError`` result (the model reads it and retries); an unknown
+    prompt or a bad prompt argument is a JSON-RPC error -32602 (invalid params), as the spec asks.
+    """
 
     def __init__(self) -> None:
         self.models: dict[str, type[BaseModel]] = {}
+        self.prompts: dict[str, type[BaseModel]] = {}
 
     async def __call__(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         if ctx.method == "tools/call" and isinstance(ctx.params, Mapping):
@@ -63,20 +159,30 @@ class ArgumentGuard:
                 message = argument_problems(name, model, arguments)
                 if message is not None:
                     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+        elif ctx.method == "prompts/get" and isinstance(ctx.params, Mapping):
+            self._check_prompt(ctx.params.get("name"), ctx.params.get("arguments") or {})
         return await call_next(ctx)
 
+    def _check_prompt(self, name: Any, arguments: Any) -> None:
+        if name not in self.prompts:
+            raise MCPError(code=INVALID_PARAMS, message=f"unknown prompt {name!r}. Fix: use one of "
+                                                        f"{', '.join(self.prompts) or 'none'} (prompts/list).")
+        message = argument_problems(name, self.prompts[name], arguments, what="prompt")
+        if message is not None:
+            raise MCPError(code=INVALID_PARAMS, message=message)
 
-def argument_problems(tool: str, model: type[BaseModel], arguments: Any) -> str | None:
+
+def argument_problems(tool: str, model: type[BaseModel], arguments: Any, *, what: str = "tool") -> str | None:
     """None when `arguments` fit `model`, else one message listing every problem with its fix."""
     if not isinstance(arguments, Mapping):
-        return f"Invalid arguments for `{tool}`: expected a JSON object. Fix: send named arguments."
+        return f"Invalid arguments for {what} `{tool}`: expected a JSON object. Fix: send named arguments."
     lines = []
-    accepted = list(model.model_fields)
+    accepted = published_arguments(model)
     for key in arguments:
         if key not in model.model_fields:
             lines.append(f"- `{key}`: unknown argument. Fix: remove it; `{tool}` accepts: {', '.join(accepted)}.")
     try:
-        model.model_validate(arguments)
+        model.model_validate(pre_parse(model, arguments))
     except ValidationError as exc:
         for err in exc.errors():
             if err["type"] == "extra_forbidden":
@@ -84,7 +190,7 @@ def argument_problems(tool: str, model: type[BaseModel], arguments: Any) -> str 
             lines.append("- " + _describe(model, err))
     if not lines:
         return None
-    return f"Invalid arguments for `{tool}`:\n" + "\n".join(lines)
+    return f"Invalid arguments for {what} `{tool}`:\n" + "\n".join(lines)
 
 
 def _describe(model: type[BaseModel], err: dict[str, Any]) -> str:
@@ -104,38 +210,3 @@ def _describe(model: type[BaseModel], err: dict[str, Any]) -> str:
         got = got[:77] + "..."
     fix = f"Fix: `{loc}` expects {what}." if what else "Fix: correct the value."
     return f"`{loc}`: {msg} (got {got}). {fix}"
-
-
-def add_model_tool(server: MCPServer, guard: ArgumentGuard, *, name: str, input_model: type[BaseModel],
-                   result_model: type[BaseModel], handler: Handler, description: str,
-                   hints: ToolAnnotations, descriptions: dict[str, str] | None = None) -> None:
-    """Register `handler` as tool `name`, taking `input_model`'s fields as arguments.
-
-    `descriptions`: for fields of a model owned elsewhere that lack one (every argument needs one).
-    """
-
-    async def tool(ctx: Context, **kwargs: Any) -> BaseModel:
-        # Arguments already passed ArgumentGuard; validating again applies the model's validators and
-        # defaults for calls made without the middleware (MCPServer.call_tool in tests).
-        try:
-            inputs = input_model.model_validate(kwargs)
-        except ValidationError as exc:
-            raise ToolError(argument_problems(name, input_model, kwargs) or str(exc)) from None
-        try:
-            return await handler(inputs, ctx)
-        except ToolError:
-            raise
-        except Exception as exc:
-            # A bug, not bad input: the traceback goes to stderr; the model still learns what failed
-            # instead of the SDK's bare "Error executing tool".
-            logger.exception("tool %s crashed", name)
-            raise ToolError(f"internal error in `{name}`: {type(exc).__name__}: {exc}. This is a bug in "
-                            "moe-overlap, not in your input; the server log (stderr) has the traceback.") from exc
-
-    tool.__name__ = name
-    tool.__doc__ = description
-    tool.__signature__ = _signature(input_model, result_model, descriptions or {})  # type: ignore[attr-defined]
-    tool.__annotations__ = {"ctx": Context, "return": result_model}
-    guard.models[name] = input_model
-    server.add_tool(tool, name=name, title=hints.title, description=description, annotations=hints,
-                    structured_output=True)

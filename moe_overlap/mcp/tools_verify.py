@@ -1,9 +1,11 @@
-"""run_verification, get_verification_status, cancel_verification: verification runs behind job handles.
+"""run_verification, get_verification_status, cancel_verification, and each job's report as a resource.
 
 The run itself is `moe_overlap.verify.api.run_verification` in a job thread (jobs.py); it launches only
-our own worker module with validated options, never a client-given command. Blocking calls poll the
-job and forward its progress; if the client cancels the request (or goes away), the job is cancelled
-and waited for, so its rank processes end with it. Torch-free: torch runs in the rank processes.
+our own worker module with validated options, never a client-given command. Blocking calls forward
+the run's progress (verify.progress: start-up, steps x modes, judging); if the client cancels the
+request (or goes away), the job is cancelled and waited for, so its rank processes end with it.
+A result is the status and the summary; the whole report is `moe-overlap://jobs/<id>/report.json`.
+Torch-free: torch runs in the rank processes.
 """
 
 from __future__ import annotations
@@ -15,82 +17,55 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp.server.mcpserver.tools import Tool
 
 from moe_overlap.mcp import inputs as ins
 from moe_overlap.mcp.jobs import ANONYMOUS, Job, JobError, JobManager, descendant_pids
-from moe_overlap.mcp.results import VerificationStatus, bounded_report
+from moe_overlap.mcp.results import JOB_URI, VerificationStatus, job_uri
 from moe_overlap.mcp.safety import AllowedRoots
-from moe_overlap.mcp.toolkit import ArgumentGuard, add_model_tool, annotations
-from moe_overlap.mcp.tools_skill import as_tool_error, config_source
+from moe_overlap.mcp.schema_compact import compact_json
+from moe_overlap.mcp.toolkit import ArgumentGuard, annotations, model_tool
+from moe_overlap.mcp.tools_skill import as_tool_error, config_source, schema_uri
 from moe_overlap.mcp.work import bounded
+from moe_overlap.verify.progress import ProgressTracker
 
 POLL_S = 0.25
 CANCEL_WAIT_S = 30.0
+MAX_FAILURE_CHARS = 1000  # the failure's message; its traceback is in the report resource
 
 
-class ProgressMapper:
-    """Run events -> (progress, total, message) for notifications/progress, never going backwards.
-
-    Steps count across modes: mode i, step s of S is i*S + s out of len(modes)*S. The protocol requires
-    progress to grow; the blocking tool polls, so it may see any subset of the events.
-    """
-
-    def __init__(self) -> None:
-        self.steps: int | None = None
-        self.last = -1.0
-
-    def __call__(self, event: dict[str, Any], first: dict[str, Any]) -> tuple[float, float | None, str] | None:
-        modes = first.get("modes") or []
-        kind, mode = event.get("event"), event.get("mode")
-        if isinstance(event.get("steps"), int):
-            self.steps = event["steps"]
-        total = float(len(modes) * self.steps) if self.steps and modes else None
-        index = modes.index(mode) if mode in modes else 0
-        if kind == "step" and self.steps:
-            done = float(index * self.steps + int(event.get("step", 0)))
-            loss = event.get("loss")
-            message = f"{mode}: step {event.get('step')}/{self.steps}" + (
-                f", loss {loss:.4f}" if isinstance(loss, float) else "")
-        elif kind == "mode":
-            done, message = float(index * (self.steps or 0)), f"mode {mode} ({event.get('schedule')})"
-        elif kind == "done":
-            done, message = (total if total is not None else max(self.last, 0.0)), f"done: {event.get('verdict')}"
-        else:
-            done, message = 0.0, f"starting {len(modes)} mode(s) on {event.get('nproc')} rank(s)"
-        if done < self.last:
-            return None
-        self.last = done
-        return done, total, message
+def next_step(job: Job) -> str:
+    if job.state == "running":
+        return (f"call get_verification_status with job_id={job.id!r} and wait_s=30 (it answers when the run "
+                "ends), or cancel_verification")
+    if job.state == "cancelled":
+        return "cancelled; start a new run with run_verification when ready"
+    if job.state == "failed":
+        return "the run could not start or crashed in the server: read `error`, fix the input, run again"
+    verdict = job.result.verdict if job.result is not None else None
+    if verdict == "passed":
+        return "verdict passed: enable the setting in the real job, then check its log with check_training_log"
+    if verdict == "throughput-not-judged":
+        return ("correctness verified, speed not judged (CPU run): to judge throughput, run on GPUs "
+                f"(device='cuda'); the measured split per mode is in {job_uri(job.id)}")
+    return (f"verdict {verdict}: read the failing criterion above (evidence in {job_uri(job.id)}), then call "
+            "diagnose_failure with its summary or the failure message")
 
 
 def status_of(job: Job, *, with_children: bool = False) -> VerificationStatus:
-    progress, _, recent = job.snapshot()
-    report, cuts = (bounded_report(job.result) if job.result is not None else (None, []))
-    if job.state == "running":
-        nxt = (f"call get_verification_status with job_id={job.id!r} and wait_s=30 (it answers when the run ends), "
-               "or cancel_verification")
-    elif job.state == "succeeded":
-        verdict = (report or {}).get("verdict")
-        if verdict == "passed":
-            nxt = "verdict passed: enable the setting in the real job, then check its log with check_training_log"
-        elif verdict == "throughput-not-judged":
-            nxt = ("correctness verified, speed not judged (CPU run): to decide on throughput, run on GPUs "
-                   "(device='cuda') or read report.analysis for the measured split and the estimate")
-        else:
-            nxt = f"verdict {verdict}: read report.criteria and report.failure, then diagnose_failure on the message"
-    elif job.state == "cancelled":
-        nxt = "cancelled; start a new run with run_verification when ready"
-    else:
-        nxt = "the run could not start or crashed in the server: read `error`, fix the input, run again"
-    summary = None
-    if job.result is not None:
-        from moe_overlap.verify.summary import verification_summary
+    from moe_overlap.verify.summary import verification_summary
 
-        summary = verification_summary(job.result).model_dump(mode="json")
-    return VerificationStatus(job_id=job.id, state=job.state, elapsed_s=job.elapsed_s(), progress=progress,
-                              recent_progress=recent, summary=summary, report=report, error=job.error, truncated=cuts,
-                              live_child_processes=descendant_pids() if with_children else None, next_step=nxt)
+    tracker = job.view if isinstance(job.view, ProgressTracker) else None
+    report = job.result
+    failure = report.failure.message[:MAX_FAILURE_CHARS] if report is not None and report.failure else None
+    return VerificationStatus(
+        job_id=job.id, state=job.state, elapsed_s=job.elapsed_s(),
+        progress=tracker.current if tracker is not None else None,
+        summary=verification_summary(report) if report is not None else None, failure=failure,
+        report_uri=job_uri(job.id) if report is not None else None,
+        out_dir=getattr(report, "out_dir", None), error=job.error,
+        live_child_processes=descendant_pids() if with_children else None, next_step=next_step(job))
 
 
 def owner_of(ctx: Context) -> str | None:
@@ -112,8 +87,36 @@ async def _wait(job: Job, seconds: float) -> None:
     await anyio.to_thread.run_sync(job.join, seconds, abandon_on_cancel=True)
 
 
-def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager,
-             runs_dir: Path | None) -> None:
+def register_resources(server: MCPServer, jobs: JobManager) -> None:
+    """report.json (compact) and report.md of every finished job, readable by URI."""
+
+    def report_of(job_id: str, ctx: Context) -> Any:
+        try:
+            job = jobs.get(job_id, owner_of(ctx))  # another session's job is no such job here too
+        except JobError as exc:
+            raise ResourceNotFoundError(f"{exc}") from None
+        if job.result is None:
+            state = "still running" if job.state == "running" else f"{job.state} without a report"
+            raise ResourceError(f"verification job {job_id!r} is {state}; read it once "
+                                "get_verification_status says succeeded")
+        return job.result
+
+    @server.resource(JOB_URI.format(job_id="{job_id}", file="report.json"), mime_type="application/json",
+                     name="verification-report", description="The full report of a verification job (schema: "
+                     "moe-overlap://schemas/verification-report.schema.json)")
+    def report_json(job_id: str, ctx: Context) -> str:
+        return compact_json(report_of(job_id, ctx).model_dump(mode="json"))
+
+    @server.resource(JOB_URI.format(job_id="{job_id}", file="report.md"), mime_type="text/markdown",
+                     name="verification-report-md", description="The report of a verification job, for people")
+    def report_md(job_id: str, ctx: Context) -> str:
+        path = report_of(job_id, ctx).files.get("report.md")
+        if not path or not Path(path).is_file():
+            raise ResourceError(f"job {job_id!r} wrote no report.md; read report.json instead")
+        return Path(path).read_text(encoding="utf-8")
+
+
+def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir: Path | None) -> list[Tool]:
     folder: list[Path] = [runs_dir] if runs_dir is not None else []
 
     def runs_folder() -> Path:
@@ -123,13 +126,10 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs:
 
     def options_for(inp: ins.RunVerificationInput) -> Any:
         from moe_overlap.verify.options import VerifyOptions
-
-        source = None
-        if any(x is not None for x in (inp.config, inp.config_text, inp.config_path)):
-            source = config_source(inp, roots)
-        out = runs_folder() / f"run-{uuid.uuid4().hex[:12]}"
         from moe_overlap.verify.plan import VerifyInputError, make_plan
 
+        source = config_source(inp, roots)
+        out = runs_folder() / f"run-{uuid.uuid4().hex[:12]}"
         try:
             options = VerifyOptions(config=source, nproc=inp.nproc, device=inp.device, steps=inp.steps,
                                     micro_batches=inp.micro_batches, modes=inp.modes, schedule=inp.schedule,
@@ -141,32 +141,44 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs:
 
     def start(inp: ins.RunVerificationInput, owner: str | None) -> Job:
         options = options_for(inp)
+        tracker = ProgressTracker()
 
         def run(progress, cancel):
             from moe_overlap.verify.api import run_verification
 
-            return run_verification(options, progress=progress, cancel=cancel)
+            def forward(event: dict[str, Any]) -> None:
+                tracker.feed(event)
+                progress(event)
+
+            return run_verification(options, progress=forward, cancel=cancel)
 
         try:
-            return jobs.start(run, description=f"verify nproc={inp.nproc} steps={inp.steps} modes={inp.modes}",
-                              owner=owner)
+            job = jobs.start(run, description=f"verify nproc={inp.nproc} steps={inp.steps} modes={inp.modes}",
+                             owner=owner)
         except JobError as exc:
             raise ToolError(f"{exc}.") from None
+        job.view = tracker
+        return job
 
     async def run_verification(inp: ins.RunVerificationInput, ctx: Context) -> VerificationStatus:
         job = await bounded(start, inp, owner_of(ctx), what="config")  # planning reads files, may probe GPUs
         if inp.background:
             return status_of(job)
-        seen, mapper = 0, ProgressMapper()
+        tracker: ProgressTracker = job.view
+        sent = -1.0
+
+        async def send_new() -> None:
+            nonlocal sent
+            for update in tracker.since(sent):  # every unit, also those done between two polls
+                await ctx.report_progress(update.done, update.total, update.message)
+                sent = update.done
+
         try:
             while not job.finished.is_set():
                 await anyio.sleep(POLL_S)
-                event, count, _ = job.snapshot()
-                if count != seen:
-                    seen = count
-                    update = mapper(event, job.first_progress)
-                    if update is not None:
-                        await ctx.report_progress(*update)
+                tracker.tick()
+                await send_new()
+            await send_new()  # the verdict
         finally:
             if not job.finished.is_set():
                 # The request was cancelled or the client went away: stop the run and its ranks before
@@ -178,43 +190,45 @@ def register(server: MCPServer, guard: ArgumentGuard, roots: AllowedRoots, jobs:
                         await _wait(job, CANCEL_WAIT_S)
         return status_of(job)
 
-    def _own_job(job_id: str, ctx: Context) -> Job:
+    def job_of(job_id: str, ctx: Context) -> Job:
         try:
             return jobs.get(job_id, owner_of(ctx))
         except JobError as exc:
             raise ToolError(f"`job_id`: {exc}. Fix: use the job_id that run_verification returned.") from None
 
     async def get_verification_status(inp: ins.StatusInput, ctx: Context) -> VerificationStatus:
-        job = _own_job(inp.job_id, ctx)
+        job = job_of(inp.job_id, ctx)
         with anyio.move_on_after(inp.wait_s):
             while not job.finished.is_set():
                 await anyio.sleep(POLL_S)
         return status_of(job)
 
     async def cancel_verification(inp: ins.CancelInput, ctx: Context) -> VerificationStatus:
-        job = _own_job(inp.job_id, ctx)
+        job = job_of(inp.job_id, ctx)
         job.cancel_event.set()
         await _wait(job, inp.wait_s)
         return status_of(job, with_children=True)
 
-    add_model_tool(server, guard, name="run_verification", input_model=ins.RunVerificationInput,
+    status = dict(input_model=ins.StatusInput, result_model=VerificationStatus,
+                  full_schema=schema_uri("verification-status"))
+    return [
+        model_tool(guard, name="run_verification", title="Run a verification", input_model=ins.RunVerificationInput,
                    result_model=VerificationStatus, handler=run_verification,
-                   description="Run A/B verification runs (baseline, overlap, overlap+wgrad) of the included MoE "
-                               "implementation on spawned local ranks: loss equality, completion, throughput. "
-                               "Blocking with progress, or background=true for a job handle.",
+                   full_schema=schema_uri("verification-status"),
+                   description="A/B training runs (baseline, overlap, overlap+wgrad) of this package's MoE layer on "
+                               "local ranks: loss match, completion, throughput. Blocking with progress, or "
+                               "background=true. Returns a summary; the full report is a resource.",
                    # Writes a new report folder each call (not idempotent), deletes nothing, local only.
-                   hints=annotations(title="Run a verification", read_only=False, destructive=False,
-                                     idempotent=False, open_world=False))
-    add_model_tool(server, guard, name="get_verification_status", input_model=ins.StatusInput,
-                   result_model=VerificationStatus, handler=get_verification_status,
-                   description="State, latest progress and (when finished) the report of a verification job; "
-                               "wait_s waits up to that long for it to finish first.",
-                   hints=annotations(title="Verification status", read_only=True, destructive=False,
-                                     idempotent=True, open_world=False))
-    add_model_tool(server, guard, name="cancel_verification", input_model=ins.CancelInput,
-                   result_model=VerificationStatus, handler=cancel_verification,
-                   description="Cancel a verification job and wait until its rank processes are gone; "
-                               "live_child_processes lists any that remain ([] is clean).",
+                   hints=annotations(read_only=False, destructive=False, idempotent=False, open_world=False)),
+        model_tool(guard, name="get_verification_status", title="Verification status", handler=get_verification_status,
+                   description="State, progress and, when done, the summary of a verification job; waits up to "
+                               "wait_s for it to end.",
+                   hints=annotations(read_only=True, destructive=False, idempotent=True, open_world=False), **status),
+        model_tool(guard, name="cancel_verification", title="Cancel a verification",
+                   input_model=ins.CancelInput, result_model=VerificationStatus, handler=cancel_verification,
+                   full_schema=schema_uri("verification-status"),
+                   description="Cancel a verification job and wait for its processes to end (live_child_processes "
+                               "[] is clean).",
                    # Stops a run (its partial results are lost): destructive; cancelling twice is harmless.
-                   hints=annotations(title="Cancel a verification", read_only=False, destructive=True,
-                                     idempotent=True, open_world=False))
+                   hints=annotations(read_only=False, destructive=True, idempotent=True, open_world=False)),
+    ]

@@ -54,7 +54,9 @@ async def test_cancel_verification_kills_every_rank(server):
         started = await client.call_tool("run_verification", {**LONG_RUN, "background": True})
         assert not started.is_error, text_of(started)
         job_id = started.structured_content["job_id"]
-        ranks = await anyio.to_thread.run_sync(lambda: _wait_for(_ranks, 60, "rank processes"))
+        # The launcher starts the ranks one after the other: wait for both.
+        ranks = await anyio.to_thread.run_sync(lambda: _wait_for(lambda: len(_ranks()) >= 2 and _ranks(), 60,
+                                                                 "rank processes"))
         assert len(ranks) >= 2
         status = await client.call_tool("get_verification_status", {"job_id": job_id, "wait_s": 0.5})
         assert status.structured_content["state"] == "running"  # still running after waiting 0.5 s
@@ -62,7 +64,7 @@ async def test_cancel_verification_kills_every_rank(server):
     result = cancelled.structured_content
     assert result["state"] == "cancelled", result
     assert result["live_child_processes"] == []
-    assert result["report"]["verdict"] == "cancelled"
+    assert result["summary"]["verdict"] == "cancelled"
     assert not [p for p in ranks if _alive(p)]
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 from mcp.shared.exceptions import MCPError
 
 from moe_overlap import paths
+from moe_overlap.mcp.schema_compact import compact_json
 from moe_overlap.mcp.skills_ext import (
     IDENTIFIER,
     GetSkillParams,
@@ -114,10 +116,16 @@ async def test_card_tools(server, mode):
         listed = await client.call_tool("list_skills", {})
         assert not listed.is_error, text_of(listed)
         assert [s["name"] for s in listed.structured_content["skills"]] == [SKILL]
-        whole = await client.call_tool("get_skill_card", {})
-        assert whole.structured_content["value"]["name"] == SKILL
+        toc = await client.call_tool("get_skill_card", {})
+        sections = {s["section"]: s for s in toc.structured_content["contents"]["sections"]}
+        assert "ep-size-gt-1" in sections["constraints"]["entries"] and "value" not in toc.structured_content
+        assert "get_skill_card with section=" in toc.structured_content["next_step"]
+        part = await client.call_tool("get_skill_card", {"section": "constraints"})
+        assert len(part.structured_content["value"]) == sections["constraints"]["items"]
         one = await client.call_tool("get_skill_card", {"field": "constraints.ep-size-gt-1.severity"})
         assert one.structured_content["value"] == "error"
+        inside = await client.call_tool("get_skill_card", {"section": "constraints", "field": "ep-size-gt-1.severity"})
+        assert inside.structured_content["value"] == "error"
 
 
 @pytest.mark.parametrize("mode", PROTOCOL_MODES)
@@ -165,7 +173,7 @@ async def test_logs_and_diagnosis(server, mode, allowed_dir):
         assert same == {k: v for k, v in from_file.structured_content.items() if k != "source"}
         assert inline.structured_content["source"] == "inline text"
         assert from_file.structured_content["source"].endswith("train.log")
-        assert from_file.structured_content["truncated"] is None
+        assert "truncated" not in from_file.structured_content  # only set when a large file was read in part
         assert inline.structured_content["effective_config"]["overlap_moe_expert_parallel_comm"] is True
         assert inline.structured_content["ok"] is False  # the traceback is reported
         diag = await client.call_tool("diagnose_failure", {"text": "AssertionError: overlap_moe_expert_parallel_comm "
@@ -183,20 +191,31 @@ async def test_blocking_verification_reports_progress(server):
         events.append((progress, total, message))
 
     async with connect(server, "legacy") as client:
-        result = await client.call_tool("run_verification", {"nproc": 2, "steps": 2,
+        result = await client.call_tool("run_verification", {"nproc": 2, "steps": 3,
                                                               "modes": ["baseline", "overlap"]},
                                         progress_callback=on_progress)
-    assert not result.is_error, text_of(result)
-    status = result.structured_content
-    assert status["state"] == "succeeded" and status["report"]["verdict"] == "throughput-not-judged", \
-        status["report"]["summary"]
-    assert [r["mode"] for r in status["report"]["runs"]] == ["baseline", "overlap"]
+        assert not result.is_error, text_of(result)
+        status = result.structured_content
+        report = json.loads((await client.read_resource(status["report_uri"])).contents[0].text)
+    assert status["state"] == "succeeded" and status["summary"]["verdict"] == "throughput-not-judged", status
+    # A summary, not the report: small, compact JSON; the report (every step) is the job's resource.
+    assert max(len(text_of(result)), len(compact_json(status))) < 4000, len(text_of(result))
+    assert text_of(result) == compact_json(status)
+    assert [r["mode"] for r in report["runs"]] == ["baseline", "overlap"]
+    assert [len(r["steps"]) for r in report["runs"]] == [3, 3]
     summary = status["summary"]  # verify/summary.py, the same as the CLI's text
-    assert summary["verdict"] == "throughput-not-judged" and summary["headline"] == status["report"]["summary"]
+    assert summary["verdict"] == "throughput-not-judged" and summary["headline"] == report["summary"]
     assert [m["mode"] for m in summary["modes"]] == ["baseline", "overlap"] and summary["modes"][0]["comm_ms"] > 0
     assert summary["modes"][1]["predicted_ratio"] and summary["why"]
-    assert events and events[-1][0] == events[-1][1]
-    assert [e[0] for e in events] == sorted(e[0] for e in events)  # progress never goes back
+    # Progress: steps x modes plus start-up and judging units, growing from the first event to the verdict.
+    values = [e[0] for e in events]
+    assert all(a < b for a, b in zip(values, values[1:], strict=False)), values
+    assert {e[1] for e in events} == {3 + 2 * (1 + 3) + 2}
+    assert values[-1] == events[-1][1] and events[-1][2].startswith("verdict:")
+    assert values[0] <= 1 and "planned" in events[0][2]
+    assert any("step 3/3 of mode overlap" in e[2] for e in events)
+    assert any(e[2].startswith("judging") for e in events)
+    assert status["progress"]["done"] == status["progress"]["total"]
 
 
 async def test_background_verification_handle(server):
@@ -213,4 +232,5 @@ async def test_background_verification_handle(server):
                                              {"job_id": handle["job_id"], "wait_s": 30})).structured_content
             if status["state"] != "running":
                 break
-    assert status["state"] == "succeeded" and status["report"]["verdict"] == "throughput-not-judged", status
+    assert status["state"] == "succeeded" and status["summary"]["verdict"] == "throughput-not-judged", status
+    assert status["report_uri"] == f"moe-overlap://jobs/{handle['job_id']}/report.json"

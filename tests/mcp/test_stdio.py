@@ -23,17 +23,20 @@ def test_stdio_session_stdout_is_only_json_rpc(tmp_path):
         session.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
         session.send({"jsonrpc": "2.0", "id": 3, "method": "resources/read", "params": {"uri": SKILL_MD}})
         session.send({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
-                      "params": {"name": "validate_config", "arguments": {"config_path": "config.yaml"}}})
+                      "params": {"name": "validate_config", "arguments": {"config": "config.yaml"}}})
         session.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
                       "params": {"name": "check_training_log", "arguments": {"path": "../x.log"}}})
         session.send({"jsonrpc": "2.0", "id": 6, "method": "prompts/get",
                       "params": {"name": "enable-ep-overlap", "arguments": {}}})
-        tools = session.wait_for(2)["result"]["tools"]
-        assert "run_verification" in {t["name"] for t in tools}
+        listing = session.wait_for(2)["result"]
+        assert "run_verification" in {t["name"] for t in listing["tools"]}
+        assert len(json.dumps(listing, separators=(",", ":"))) < 16_000  # what the client receives
         skill = session.wait_for(3)["result"]["contents"][0]
         assert skill["mimeType"] == "text/markdown" and skill["text"].startswith("---")
         validated = session.wait_for(4, timeout=60)["result"]
         assert validated["isError"] is False and "valid" in validated["structuredContent"]
+        assert validated["content"][0]["text"] == json.dumps(validated["structuredContent"], separators=(",", ":"),
+                                                             ensure_ascii=False)
         refused = session.wait_for(5)["result"]
         assert refused["isError"] is True and "`path`" in refused["content"][0]["text"]
         assert "validate_config" in json.dumps(session.wait_for(6)["result"])

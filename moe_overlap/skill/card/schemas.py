@@ -22,6 +22,12 @@ SCHEMA_MODELS: dict[str, str] = {
     "verification-report.schema.json": "moe_overlap.verify.report_model:VerificationReport",
     "generate-result.schema.json": "moe_overlap.skill.generate.model:GenerateResult",
     "estimate-result.schema.json": "moe_overlap.skill.estimate.model:EstimateResult",
+    # The other tool results, which the MCP server's output schemas point to.
+    "skill-list.schema.json": "moe_overlap.mcp.results:SkillList",
+    "card-read.schema.json": "moe_overlap.skill.card.contents:CardRead",
+    "log-check-result.schema.json": "moe_overlap.mcp.results:LogCheckOutput",
+    "diagnosis-result.schema.json": "moe_overlap.skill.diagnose.api:DiagnosisResult",
+    "verification-status.schema.json": "moe_overlap.mcp.results:VerificationStatus",
 }
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
