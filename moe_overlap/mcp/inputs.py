@@ -233,6 +233,10 @@ class RunVerificationInput(_ConfigSource):
     micro_batches: int | None = Field(None, ge=1, le=64, description="micro-batches per step")
     modes: list[Mode] | None = Field(None, min_length=1, max_length=3, description="modes to run; default: all")
     schedule: Literal["chunked", "1f1b"] | None = Field(None, description="the overlap schedule to verify")
+    fabric: Literal["native", "emulated-net"] = Field("native", description="cuda: emulated-net sends the "
+                                                                            "all-to-alls over NCCL's network path")
+    a2a: Literal["nccl", "ce", "auto"] | None = Field(None, description="cuda: all-to-all transport (ce: copy "
+                                                                        "engines)")
     timeout_s: float = Field(600.0, ge=5, le=3600, description="wall-clock limit of the whole run, seconds")
     background: bool = Field(
         False, description="true: return a job id at once (then get_verification_status), for runs longer "

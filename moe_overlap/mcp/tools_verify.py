@@ -22,11 +22,12 @@ from mcp.server.mcpserver.tools import Tool
 
 from moe_overlap.mcp import inputs as ins
 from moe_overlap.mcp.jobs import ANONYMOUS, Job, JobError, JobManager, descendant_pids
-from moe_overlap.mcp.results import JOB_URI, VerificationStatus, job_uri
+from moe_overlap.mcp.results import JOB_URI, VerificationStatus, fit, job_uri
 from moe_overlap.mcp.safety import AllowedRoots
 from moe_overlap.mcp.schema_compact import compact_json
 from moe_overlap.mcp.toolkit import ArgumentGuard, annotations, model_tool
 from moe_overlap.mcp.tools_skill import as_tool_error, config_source, schema_uri
+from moe_overlap.mcp.wording import flags_as_arguments
 from moe_overlap.mcp.work import bounded
 from moe_overlap.verify.progress import ProgressTracker
 
@@ -53,19 +54,35 @@ def next_step(job: Job) -> str:
             "diagnose_failure with its summary or the failure message")
 
 
-def status_of(job: Job, *, with_children: bool = False) -> VerificationStatus:
-    from moe_overlap.verify.summary import verification_summary
+def summary_of(report: Any) -> Any:
+    """verify/summary.py's summary, its `--steps 4` / `--device cuda` said as this tool's arguments."""
+    from moe_overlap.verify.summary import VerificationSummary, verification_summary
 
+    data = verification_summary(report).model_dump(mode="json")
+    return VerificationSummary.model_validate(_flags(data))
+
+
+def _flags(data: Any) -> Any:
+    if isinstance(data, str):
+        return flags_as_arguments(data, "verify")
+    if isinstance(data, list):
+        return [_flags(x) for x in data]
+    if isinstance(data, dict):
+        return {k: _flags(v) for k, v in data.items()}
+    return data
+
+
+def status_of(job: Job, *, with_children: bool = False) -> VerificationStatus:
     tracker = job.view if isinstance(job.view, ProgressTracker) else None
     report = job.result
     failure = report.failure.message[:MAX_FAILURE_CHARS] if report is not None and report.failure else None
-    return VerificationStatus(
+    return fit(VerificationStatus(
         job_id=job.id, state=job.state, elapsed_s=job.elapsed_s(),
         progress=tracker.current if tracker is not None else None,
-        summary=verification_summary(report) if report is not None else None, failure=failure,
+        summary=summary_of(report) if report is not None else None, failure=failure,
         report_uri=job_uri(job.id) if report is not None else None,
         out_dir=getattr(report, "out_dir", None), error=job.error,
-        live_child_processes=descendant_pids() if with_children else None, next_step=next_step(job))
+        live_child_processes=descendant_pids() if with_children else None, next_step=next_step(job)))
 
 
 def owner_of(ctx: Context) -> str | None:
@@ -133,7 +150,7 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
         try:
             options = VerifyOptions(config=source, nproc=inp.nproc, device=inp.device, steps=inp.steps,
                                     micro_batches=inp.micro_batches, modes=inp.modes, schedule=inp.schedule,
-                                    timeout_s=inp.timeout_s, out=out)
+                                    fabric=inp.fabric, a2a=inp.a2a, timeout_s=inp.timeout_s, out=out)
             make_plan(options)  # input errors surface here, as a ToolError, before any job starts
         except (VerifyInputError, ValueError) as exc:
             raise as_tool_error(exc, "config") from None

@@ -28,7 +28,7 @@ RENAMES: dict[str, dict[str, str | None]] = {
     "validate": {"format": None},
     "generate": {"format": None},
     "verify": {"timeout": "timeout_s", "hang_timeout": None, "out": None, "force": None, "quiet": None,
-               "format": None, "inject_fault": None},
+               "format": None, "inject_fault": None, "no_explain": None},
     "check-logs": {"log": "path", "expect_overlap": None, "expect_delay_wgrad": None, "format": None},
     "diagnose": {"skill": None, "format": None},
     "estimate": {"format": None, "calibrate_backend": None},
@@ -172,6 +172,34 @@ def mcp_wording(text: str) -> str:
     out.append(text[pos:])
     # "tool(...) > x.yaml && next(...)": a shell redirect means nothing to a tool call.
     return _REDIRECT.sub(r"\1, saved as \2; then ", "".join(out))
+
+
+def flags_as_arguments(text: str, sub: str) -> str:
+    """`--steps 4` / `--device cuda` of command `sub`, said in a text about that command, as the tool's
+    arguments (`steps=4`, `device="cuda"`). Only options of `sub` are touched (Megatron-LM flags stay)."""
+    if "--" not in text:
+        return text
+    parser = _parser(sub)
+
+    def one(m: re.Match) -> str:
+        action = parser._option_string_actions.get(m.group(1))  # noqa: SLF001 - argparse has no API
+        if action is None:
+            return m.group(0)
+        target = RENAMES.get(sub, {}).get(action.dest, action.dest)
+        if target is None:
+            return m.group(0)
+        if action.nargs == 0:
+            return f"{target}=true"
+        value = m.group(2)
+        if value is None:
+            return target
+        try:
+            value = action.type(value) if action.type else value
+        except (TypeError, ValueError):
+            return m.group(0)
+        return f"{target}={_value(value)}"
+
+    return re.sub(r"(--[a-z][a-z0-9-]*)(?:[ =]([\w.+-]*\w))?", one, text)
 
 
 def reword(data: Any) -> Any:

@@ -28,7 +28,7 @@ ENUM_LIKE = {
     "estimate_overlap_benefit": ["fabric", "gpu_preset", "precision"],
     "generate_config": ["preset", "gpu", "dispatcher", "flex_backend", "precision", "recompute", "stage", "to"],
     "validate_config": ["gpu"],
-    "run_verification": ["device", "schedule", "modes"],
+    "run_verification": ["device", "schedule", "modes", "fabric", "a2a"],
     "get_skill_card": ["name", "section"],
 }
 # A CLI command where an MCP tool does the job (verify --judge / --print-launch have no tool).
@@ -203,3 +203,23 @@ async def test_prompt_arguments_are_typed(server, mode):
             assert err.value.error.code == -32602, (name, args, err.value.error)
             for word in words:
                 assert word in err.value.error.message, (word, err.value.error.message)
+
+
+def test_a_verification_result_is_cut_to_fit_whatever_the_run_said():
+    from moe_overlap.mcp.results import MAX_STATUS_CHARS, VerificationStatus, fit
+    from moe_overlap.verify.summary import CriterionLine, ModeLine, VerificationSummary
+
+    long = "the ranks disagree on the step time because " * 40
+    summary = VerificationSummary(
+        verdict="failed", headline=long, why=long, what_would_change_it=[long] * 4, prediction=long,
+        criteria=[CriterionLine(id=f"c{i}", status="fail", judged=True, summary=long) for i in range(4)],
+        modes=[ModeLine(mode=m, step_ms=1.0) for m in ("baseline", "overlap", "overlap+wgrad")])
+    status = VerificationStatus(job_id="verify-1-abc", state="succeeded", elapsed_s=1.0, summary=summary,
+                                failure=long[:1000], next_step="read the failure")
+    fitted = fit(status)
+    data = fitted.model_dump(mode="json", exclude_none=True)
+    assert len(compact_json(data)) <= MAX_STATUS_CHARS and fitted.cut
+    assert fitted.summary.verdict == "failed" and [c.id for c in fitted.summary.criteria] == ["c0", "c1", "c2", "c3"]
+    assert fitted.summary.headline.endswith("[...]") and len(fitted.summary.headline) >= 80
+    small = VerificationStatus(job_id="j", state="running", elapsed_s=0.1, next_step="wait")
+    assert fit(small) == small

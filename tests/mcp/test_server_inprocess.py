@@ -18,6 +18,7 @@ from moe_overlap.mcp.skills_ext import (
     ListSkillsRequest,
     ListSkillsResult,
 )
+from moe_overlap.mcp.wording import flags_as_arguments
 from tests.mcp.conftest import PROTOCOL_MODES, connect, text_of
 
 pytestmark = pytest.mark.anyio
@@ -204,7 +205,9 @@ async def test_blocking_verification_reports_progress(server):
     assert [r["mode"] for r in report["runs"]] == ["baseline", "overlap"]
     assert [len(r["steps"]) for r in report["runs"]] == [3, 3]
     summary = status["summary"]  # verify/summary.py, the same as the CLI's text
-    assert summary["verdict"] == "throughput-not-judged" and summary["headline"] == report["summary"]
+    # The CLI's flags in the verify summary read as this tool's arguments: `--steps 4` -> `steps=4`.
+    assert summary["verdict"] == "throughput-not-judged"
+    assert summary["headline"] == flags_as_arguments(report["summary"], "verify") and "--" not in summary["headline"]
     assert [m["mode"] for m in summary["modes"]] == ["baseline", "overlap"] and summary["modes"][0]["comm_ms"] > 0
     assert summary["modes"][1]["predicted_ratio"] and summary["why"]
     # Progress: steps x modes plus start-up and judging units, growing from the first event to the verdict.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_overlap.mcp.wording import mcp_wording, reword
+from moe_overlap.mcp.wording import flags_as_arguments, mcp_wording, reword
 
 CASES = [
     ("run `moe-overlap validate CONFIG` and `moe-overlap check-logs LOG`",
@@ -38,6 +38,14 @@ CASES = [
 @pytest.mark.parametrize("text,expected", CASES)
 def test_commands_become_tool_calls(text, expected):
     assert mcp_wording(text) == expected
+
+
+def test_verify_flags_in_a_verification_text_become_arguments():
+    text = "not judged on --device cpu: about 8 steps (--steps 8); GPUs (--device cuda); --fabric emulated-net."
+    assert flags_as_arguments(text, "verify") == ('not judged on device="cpu": about 8 steps (steps=8); GPUs '
+                                                  '(device="cuda"); fabric="emulated-net".')
+    megatron = "--overlap-moe-expert-parallel-comm --expert-model-parallel-size 8"
+    assert flags_as_arguments(megatron, "verify") == megatron  # not options of verify: left alone
 
 
 def test_reword_reaches_every_string_and_leaves_the_input_alone():
