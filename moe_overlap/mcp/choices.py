@@ -14,6 +14,7 @@ from itertools import product
 
 from moe_overlap import paths
 from moe_overlap.skill.estimate.hardware import GPUS, LINKS
+from moe_overlap.skill.estimate.models import MODELS
 from moe_overlap.skill.generate.presets import PRESETS
 from moe_overlap.skill.rules.environment import GPU_CAPABILITY
 
@@ -34,7 +35,13 @@ def gpu_presets() -> tuple[str, ...]:
 
 
 def model_presets() -> tuple[str, ...]:
+    """generate_config's model presets."""
     return tuple(PRESETS)
+
+
+def estimate_models() -> tuple[str, ...]:
+    """estimate_overlap_benefit's model presets (their shapes and attention FLOPs)."""
+    return tuple(sorted(MODELS))
 
 
 def gpu_names() -> tuple[str, ...]:
@@ -45,7 +52,7 @@ def gpu_names() -> tuple[str, ...]:
 def gpu_schema(description: str) -> dict:
     """A GPU argument: a known product name, or a compute capability."""
     return {"anyOf": [{"enum": list(gpu_names())}, {"type": "string", "pattern": CAPABILITY_PATTERN}],
-            "description": description, "examples": ["H100", "9.0"]}
+            "description": description}
 
 
 @lru_cache(maxsize=1)

@@ -48,7 +48,7 @@ CONFIG_SCHEMA = {
     ],
     "examples": ["configs/train.yaml"],
 }
-CONFIG_FORMS = "an object (sections model, comm_overlap, ddp), a .yaml/.json path in an allowed folder, or text"
+CONFIG_FORMS = "object (sections model, comm_overlap, ddp), .yaml/.json path in an allowed folder, or text"
 
 
 def config_kind(value: Any) -> ConfigKind:
@@ -142,7 +142,7 @@ class GetSkillCardInput(_Input):
 
 
 class ValidateConfigInput(_ConfigSource):
-    config: ConfigArg = Field(None, description=f"the config: {CONFIG_FORMS}")
+    config: ConfigArg = Field(None, description=CONFIG_FORMS)
     argv: str | list[str] | None = Field(
         None, max_length=MAX_CONFIG_CHARS,
         description="Megatron-LM flags, e.g. --expert-model-parallel-size 8 (alone or on top of `config`)")
@@ -171,7 +171,8 @@ def _schema_text(descriptions: dict[str, str], examples: list[dict[str, Any]]) -
     def apply(schema: dict[str, Any], cls: type) -> None:
         for name, text in descriptions.items():
             schema["properties"][name]["description"] = text
-        schema["examples"] = examples
+        if examples:
+            schema["examples"] = examples
     return apply
 
 
@@ -181,40 +182,44 @@ class GenerateInput(GenerateRequest):
     preset: Annotated[Literal[choices.model_presets()] | None, BeforeValidator(_lower)] = None  # type: ignore[valid-type]
     gpu: _gpu_arg("target GPU: product name or compute capability") = None  # type: ignore[valid-type]
     model_config = ConfigDict(extra="forbid", json_schema_extra=_schema_text({
-        "ep": "EP size (expert_model_parallel_size); or give preset + gpus", "experts": "experts per MoE layer",
+        "ep": "EP size; or give preset + gpus", "experts": "experts per MoE layer",
         "topk": "experts per token", "dispatcher": "token dispatcher (the flex stage uses flex)",
         "flex_backend": "flex backend (default: by GPU)", "precision": "fp32 becomes bf16 (overlap needs bf16/fp16)",
-        "tp": "tensor-parallel size", "pp": "pipeline-parallel size", "vpp": "virtual pipeline size (chosen when "
-        "pp > 1)", "num_layers": "layers (needed with pp > 1 without a preset)",
+        "tp": "tensor-parallel size", "pp": "pipeline-parallel size", "vpp": "virtual pipeline size",
+        "num_layers": "layers (pp > 1 without a preset)",
         "micro_batches": "micro-batches per DP rank (overlap needs >= 2)", "recompute": "activation recompute "
-        "(full is refused)", "preset": "model preset (instead of experts, topk)", "gpus": "total GPUs; without ep, "
-        "EP = gcd(experts, gpus / (tp x pp))", "stage": "rollout stage", "plan": "every stage in order, with its "
+        "(full is refused)", "preset": "model preset (instead of experts, topk)", "gpus": "total GPUs (EP derived "
+        "when ep is not given)", "stage": "rollout stage", "plan": "every stage in order, with its "
         "checks", "to": "config format", "torch_version": "target torch version", "te_version": "target "
         "Transformer Engine version", "megatron_core_version": "Megatron-Core rule set (default: installed)",
-    }, [{"preset": "qwen3-30b-a3b", "gpus": 64, "plan": True}]))
+    }, []))
 
 
 class EstimateInput(EstimateRequest):
     """estimate_overlap_benefit's request with the fabric and GPU presets as closed sets."""
 
+    model: Annotated[Literal[choices.estimate_models()] | None, BeforeValidator(_lower)] = None  # type: ignore[valid-type]
     fabric: Annotated[Literal[choices.fabrics()] | None, BeforeValidator(_fabric)] = None  # type: ignore[valid-type]
     gpu_preset: Annotated[Literal[choices.gpu_presets()] | None, BeforeValidator(_lower)] = None  # type: ignore[valid-type]
     calibration: Annotated[Any, WithJsonSchema({"type": "object"})] = None
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_schema_text({
-        "hidden": "hidden size D", "moe_ffn": "expert FFN size F", "experts": "routed experts E",
-        "topk": "experts per token K", "tokens": "tokens per rank per micro-batch (seq x mbs)", "ep": "EP degree",
+        "model": "model preset: sets hidden, moe_ffn, experts, topk, layers, attn_ms unless given",
+        "hidden": "hidden size D (or model)", "moe_ffn": "expert FFN size F (or model)", "experts": "routed "
+        "experts E (or model)", "topk": "experts per token K (or model)", "tokens": "tokens per rank per "
+        "micro-batch (seq x mbs)", "seq_length": "sequence length (model's attention; default tokens)",
+        "ep": "EP degree",
         "micro_batches": "per step (1f1b needs >= 2)", "layers": "MoE layers", "gpus_per_node": "GPUs per node",
         "precision": "training precision", "fabric": "link presets: intra, inter or intra+inter",
-        "intra_gbps": "intra-node GB/s per GPU per direction (instead of fabric)", "inter_gbps": "inter-node "
-        "GB/s per GPU per direction", "a2a_efficiency": "achieved share of link bandwidth",
+        "intra_gbps": "intra-node GB/s per GPU and direction", "inter_gbps": "inter-node GB/s per GPU and "
+        "direction", "a2a_efficiency": "achieved share of link bandwidth",
         "gpu_preset": "measured GEMM/memory rates (else tflops)", "tflops": "expert GEMM TFLOP/s",
         "dense_tflops": "dense GEMM TFLOP/s", "mem_gbps": "memory-bound kernel GB/s", "attn_ms": "attention "
         "forward ms per layer and micro-batch", "overhead_ms": "host ms per layer and micro-batch",
         "other_ms": "ms per step outside the layers", "chunks": "chunks of the chunked schedule",
         "chunk_backward": "chunk the backward too", "overlap_efficiency": "1: overlap hides comm fully; 0: not "
         "at all", "calibration": "measured rates: request.calibration of a calibrated estimate",
-    }, [{"hidden": 2048, "moe_ffn": 768, "experts": 128, "topk": 8, "tokens": 4096, "ep": 8,
-         "fabric": "h100-nvlink+ib-400g", "gpu_preset": "h100"}]))
+    }, [{"model": "qwen3-30b-a3b", "tokens": 4096, "ep": 8, "micro_batches": 4, "fabric": "h100-nvlink+ib-400g",
+         "gpu_preset": "h100"}]))
 
     @field_validator("calibration", mode="after")
     @classmethod
@@ -225,22 +230,20 @@ class EstimateInput(EstimateRequest):
 
 
 class RunVerificationInput(_ConfigSource):
-    config: ConfigArg = Field(None, description=f"the config to verify: {CONFIG_FORMS}; omit it for a small "
-                                                "built-in one")
+    config: ConfigArg = Field(None, description=f"{CONFIG_FORMS}; default: a small built-in one")
     nproc: int | None = Field(None, ge=1, le=8, description="rank processes to spawn; default: the config's EP size")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo) or cuda (NCCL, needs GPUs)")
     steps: int | None = Field(None, ge=2, le=500, description="optimizer steps per mode")
     micro_batches: int | None = Field(None, ge=1, le=64, description="micro-batches per step")
     modes: list[Mode] | None = Field(None, min_length=1, max_length=3, description="modes to run; default: all")
     schedule: Literal["chunked", "1f1b"] | None = Field(None, description="the overlap schedule to verify")
-    fabric: Literal["native", "emulated-net"] = Field("native", description="cuda: emulated-net sends the "
-                                                                            "all-to-alls over NCCL's network path")
-    a2a: Literal["nccl", "ce", "auto"] | None = Field(None, description="cuda: all-to-all transport (ce: copy "
-                                                                        "engines)")
+    fabric: Literal["native", "emulated-net"] = Field("native", description="cuda: emulated-net: all-to-alls "
+                                                                            "as over a network")
+    a2a: Literal["nccl", "ce", "auto"] | None = Field(None, description="cuda: all-to-all transport")
     timeout_s: float = Field(600.0, ge=5, le=3600, description="wall-clock limit of the whole run, seconds")
     background: bool = Field(
-        False, description="true: return a job id at once (then get_verification_status), for runs longer "
-                           "than your tool timeout; false: wait, with progress")
+        False, description="return a job_id at once (then get_verification_status): for runs longer than your "
+                           "tool timeout")
 
     @model_validator(mode="after")
     def _at_most_one_source(self) -> RunVerificationInput:

@@ -114,7 +114,7 @@ def lean_output(schema: dict[str, Any], *, full: str | None = None) -> dict[str,
     if schema.get("required"):
         out["required"] = list(schema["required"])
     if full:
-        out["description"] = f"Full schema: {full}"
+        out["description"] = f"schema: {full}"
     return out
 
 

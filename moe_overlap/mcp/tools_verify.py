@@ -233,8 +233,8 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
                    result_model=VerificationStatus, handler=run_verification,
                    full_schema=schema_uri("verification-status"),
                    description="A/B training runs (baseline, overlap, overlap+wgrad) of this package's MoE layer on "
-                               "local ranks: loss match, completion, throughput. Blocking with progress, or "
-                               "background=true. Returns a summary; the full report is a resource.",
+                               "local ranks: loss match, completion, throughput. Returns a summary; the report "
+                               "is a resource.",
                    # Writes a new report folder each call (not idempotent), deletes nothing, local only.
                    hints=annotations(read_only=False, destructive=False, idempotent=False, open_world=False)),
         model_tool(guard, name="get_verification_status", title="Verification status", handler=get_verification_status,

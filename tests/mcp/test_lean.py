@@ -103,7 +103,7 @@ async def test_tools_list_is_lean_and_its_schemas_valid(server, mode):
             jsonschema.Draft202012Validator.check_schema(schema)
             assert not _keywords(schema) & {"title", "$defs"}, tool.name  # titles repeat the names
             assert '{"type": "null"}' not in json.dumps(schema), tool.name  # no nullable wrappers
-        assert tool.output_schema["description"].startswith("Full schema: moe-overlap://schemas/")
+        assert tool.output_schema["description"].startswith("schema: moe-overlap://schemas/")
 
 
 @pytest.mark.parametrize("mode", PROTOCOL_MODES)
@@ -159,7 +159,7 @@ async def test_results_are_compact_json_valid_against_their_schemas_and_name_too
         tools = {t.name: t for t in (await _all_tools(client))[0]}
         full = {}
         for tool in tools.values():
-            uri = tool.output_schema["description"].removeprefix("Full schema: ")
+            uri = tool.output_schema["description"].removeprefix("schema: ")
             full[tool.name] = json.loads((await client.read_resource(uri)).contents[0].text)
         for name, args in CALLS:
             result = await client.call_tool(name, args)

@@ -39,7 +39,7 @@ def test_input_schema_keeps_what_guides_a_call_and_drops_the_rest():
 def test_output_schema_lists_required_keys_and_points_to_the_full_one():
     out = lean_output(Result.model_json_schema(), full="moe-overlap://schemas/r.schema.json")
     assert out == {"type": "object", "required": ["must"],
-                   "description": "Full schema: moe-overlap://schemas/r.schema.json"}
+                   "description": "schema: moe-overlap://schemas/r.schema.json"}
 
 
 def test_lean_dump_drops_optional_nulls_only_and_still_validates():
