@@ -103,7 +103,8 @@ class ProgressTracker:
                 pending = "the ranks finishing (logs, timings, exit)"
             return self._set(START_UNITS + m + (s - 1) * m + i + 1, "training", text, pending)
         if kind == "judge":
-            return self._set(self.total - 1, "judging", "training done", "judging: losses, throughput, logs")
+            return self._set(self.total - 1, "judging", "training done; judging: losses, throughput, logs",
+                             "judging: losses, throughput, logs")
         if kind == "done":
             return self._set(self.total, "done", f"verdict: {event.get('verdict')}", "")
         return None

@@ -217,7 +217,7 @@ async def test_blocking_verification_reports_progress(server):
     assert values[-1] == events[-1][1] and events[-1][2].startswith("verdict:")
     assert values[0] <= 1 and "planned" in events[0][2]
     assert any("step 3/3 of mode overlap" in e[2] for e in events)
-    assert any(e[2].startswith("judging") for e in events)
+    assert any(e[2].startswith("training done; judging") for e in events)
     assert status["progress"]["done"] == status["progress"]["total"]
 
 
