@@ -68,3 +68,14 @@ def test_ticks_move_within_the_unit_saying_what_runs_and_stop_short_of_the_next(
     assert seen[0].message.startswith("importing torch")
     assert tracker.feed({"event": "init", "backend": "gloo"}).done == 3  # the next unit is still above
     assert [p.done for p in tracker.since(2.5)] == [p.done for p in tracker.history if p.done > 2.5]
+
+
+def test_extra_steps_grow_the_total_and_the_count():
+    tracker = ProgressTracker(clock=Clock())
+    for e in _run_events(["baseline", "overlap"], 2)[:-2]:
+        tracker.feed(e)
+    before = tracker.current
+    extra = tracker.feed({"event": "step", "mode": "baseline", "step": 3, "loss": 0.5})
+    assert extra.done == before.done + 1 and extra.total == before.total + 2
+    assert extra.message.startswith("extra step 3")
+    assert tracker.feed({"event": "done", "verdict": "passed"}).done == extra.total
