@@ -16,7 +16,7 @@ from moe_overlap.skill.card.schemas import load_schema
 SKILL = "perf-expert-parallel-overlap"
 CARD = cards.card_path(SKILL)
 
-# The shared contract (ANCHORS §1 numbers 1..20, then the four warnings), in this order.
+# The shared contract (the constraints of Megatron-Core and Megatron-Bridge, then the four warnings), in this order.
 SEED_IDS = [
     "ep-size-gt-1", "num-experts-gt-1", "dispatcher-alltoall-or-flex", "precision-bf16-or-fp16", "torch-min-2-6",
     "pp-requires-vpp", "no-full-recompute", "no-recompute-method", "no-recompute-num-layers",
