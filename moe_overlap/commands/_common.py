@@ -1,11 +1,15 @@
-"""Shared pieces of the CLI commands: exit codes, errors, output in text/json/yaml."""
+"""Shared pieces of the CLI commands: exit codes, errors, output in text/json/yaml.
+
+`--format json` prints one result model per command, the same model (and the same compact spelling) the
+MCP server returns for the same job, so a script and an assistant read the same shape.
+"""
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from typing import Any
+
+from moe_overlap.jsonout import compact_json, finite, json_data
 
 EXIT_OK = 0
 EXIT_FAIL = 1  # invalid config, verification failed
@@ -40,52 +44,23 @@ def add_format_argument(parser, choices=("text", "json")) -> None:
                         help="output format (json prints one JSON document on stdout)")
 
 
-def to_jsonable(obj: Any) -> Any:
-    """pydantic models and dataclasses to plain JSON data."""
-    if hasattr(obj, "model_dump"):
-        return obj.model_dump(mode="json")
-    if hasattr(obj, "__dataclass_fields__"):
-        import dataclasses
-
-        return dataclasses.asdict(obj)
-    return obj
-
-
-def strict(data: Any) -> Any:
-    """`data` with every non-finite float replaced by None: `--format json` output is strict JSON (RFC 8259 has
-    no NaN or Infinity, and many parsers refuse them). Inputs are range-checked, so this is a last guard."""
-    if isinstance(data, float):
-        return data if math.isfinite(data) else None
-    if isinstance(data, dict):
-        return {k: strict(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [strict(v) for v in data]
-    return data
-
-
-def dumps(data: Any, **kwargs: Any) -> str:
-    try:
-        return json.dumps(data, allow_nan=False, default=str, **kwargs)
-    except ValueError:  # a NaN or Infinity somewhere
-        return json.dumps(strict(data), allow_nan=False, default=str, **kwargs)
-
-
 def emit(obj: Any, fmt: str, text: str | None = None) -> None:
-    """Print `obj` as JSON/YAML, or `text` (defaults to a YAML rendering) for people."""
-    data = to_jsonable(obj)
+    """Print `obj` as JSON (compact, the same as the MCP server's result: jsonout), YAML, or `text` (defaults
+    to a YAML rendering) for people."""
+    data = json_data(obj)
     if fmt == "json":
-        sys.stdout.write(dumps(data, indent=2, sort_keys=False) + "\n")
+        sys.stdout.write(compact_json(data) + "\n")
     elif fmt == "yaml" or text is None:
         import yaml
 
-        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+        sys.stdout.write(yaml.safe_dump(finite(data), sort_keys=False, allow_unicode=True))
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
 def print_error(exc: CommandError, fmt: str = "text") -> None:
     if fmt == "json":
-        sys.stdout.write(dumps(exc.to_dict(), indent=2) + "\n")
+        sys.stdout.write(compact_json(exc.to_dict()) + "\n")
         return
     lines = [f"error: {exc.message}"]
     if exc.fix:

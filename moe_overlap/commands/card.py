@@ -1,7 +1,9 @@
-"""`moe-overlap card [NAME] [--field dotted.path]`: list the skills, print a card or one field of it.
+"""`moe-overlap card [NAME] [--section S] [--field dotted.path]`: list the skills, a card's overview, or a part.
 
-Exit 0 on success, 2 on an unknown skill or field (the valid choices are listed) or a malformed card
-(every problem with file, line and JSON path).
+`--format json` prints what the MCP tools return: the skill list (`list_skills`), or a card read
+(`get_skill_card`): the contents without --section/--field, else the part asked for. Exit 0 on success, 2
+on an unknown skill, section or field (the valid choices are listed) or a malformed card (every problem
+with file, line and JSON path).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from moe_overlap.commands._common import EXIT_OK, CommandError, add_format_argum
 
 def add_arguments(parser) -> None:
     parser.add_argument("name", nargs="?", help="skill name (omit to list the skills)")
+    parser.add_argument("--section", metavar="NAME",
+                        help="one top-level section of the card, e.g. constraints (--field is then inside it)")
     parser.add_argument("--field", metavar="PATH",
                         help="dotted path into the card, e.g. summary, constraints.ep-size-gt-1.requires, "
                              "failure_modes.0 (list entries by index or by their id/name)")
@@ -35,7 +39,7 @@ def _card_overview(card) -> str:
     width = max(len(c.id) for c in card.constraints)
     lines += [f"  {c.id:<{width}}  {c.severity:<7}  {c.requires}" for c in card.constraints]
     lines += ["", "failure modes: " + ", ".join(f.name for f in card.failure_modes), "",
-              f"more: moe-overlap card {card.name} --field <path>   "
+              f"more: moe-overlap card {card.name} --section <name> | --field <path>   "
               f"(fields: {', '.join(type(card).model_fields)})"]
     return "\n".join(lines)
 
@@ -47,25 +51,33 @@ def _list_text(skills) -> str:
 
 
 def run(args) -> int:
-    from moe_overlap.skill.card.cards import CardError, CardFileError, get_card_field, list_skills, load_card
+    from moe_overlap.skill.card.cards import CardError, CardFileError, load_card
+    from moe_overlap.skill.card.contents import read_card, skill_list
 
     try:
         if args.name is None:
-            if args.field:
-                raise CommandError("--field needs a skill name", field="name",
-                                   choices=[s.name for s in list_skills()])
-            skills = list_skills()
-            emit([s.model_dump(mode="json") for s in skills], args.format, _list_text(skills))
+            if args.field or args.section:
+                raise CommandError("--section and --field need a skill name", field="name",
+                                   choices=[s.name for s in skill_list().skills])
+            skills = skill_list()
+            emit(skills, args.format, _list_text(skills.skills))
             return EXIT_OK
-        if not args.field:
-            card = load_card(args.name)
-            emit(card, args.format, _card_overview(card))
+        read = read_card(args.name, args.section, args.field, surface="cli")
+        if read.contents is not None:
+            if args.format == "json":
+                emit(read, "json")
+            else:  # people: the overview, or the whole card as YAML
+                card = load_card(args.name)
+                emit(card, args.format, _card_overview(card))
             return EXIT_OK
-        value = get_card_field(args.name, args.field)
     except CardFileError as exc:
         raise CommandError(str(exc), fix="fix the card file at the lines listed") from None
     except CardError as exc:
-        field = "name" if exc.message.startswith("unknown skill") else "field"
+        field = ("name" if exc.message.startswith("unknown skill") else
+                 "section" if exc.message.startswith("unknown section") else "field")
         raise CommandError(exc.message, field=field, choices=exc.choices) from None
-    emit(value, args.format, _text(value))
+    if args.format == "json":
+        emit(read, "json")
+    else:  # people and shell scripts get the value itself: `$(moe-overlap card NAME --field summary)`
+        emit(read.value, args.format, _text(read.value))
     return EXIT_OK

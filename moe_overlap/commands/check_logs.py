@@ -43,15 +43,17 @@ def _decode(raw: bytes, name: str) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def _join(head: bytes, tail: bytes | None, omitted: int, name: str) -> str:
+def _join(head: bytes, tail: bytes | None, omitted: int, name: str) -> tuple[str, int]:
+    """(the text checked, bytes left out between the head and the tail)."""
     if tail is None:
-        return _decode(head, name)
+        return _decode(head, name), 0
     print(f"note: {name} is larger than {MAX_LOG_BYTES >> 20} MB: its first {len(head) >> 20} MB and last "
           f"{len(tail) >> 20} MB were checked ({omitted} bytes between them were not)", file=sys.stderr)
-    return _decode(head, name) + f"\n[... {omitted} bytes omitted ...]\n" + tail.decode("utf-8", errors="replace")
+    return (_decode(head, name) + f"\n[... {omitted} bytes omitted ...]\n" + tail.decode("utf-8", errors="replace"),
+            omitted)
 
 
-def _read_log(path: Path) -> str:
+def _read_log(path: Path) -> tuple[str, int]:
     from moe_overlap.skill.files import FileRefused, open_regular, read_head_tail_fd
 
     try:
@@ -67,7 +69,7 @@ def _read_log(path: Path) -> str:
     return _join(head, tail, omitted, str(path))
 
 
-def _read_stdin() -> str:
+def _read_stdin() -> tuple[str, int]:
     """stdin, bounded like a file: head and tail kept, and reading stops after STDIN_READ_LIMIT bytes (a stream
     that never ends, `yes | moe-overlap check-logs -`, must not hang the check)."""
     stream = sys.stdin.buffer
@@ -86,18 +88,20 @@ def _read_stdin() -> str:
     if stopped:
         print(f"note: stopped reading stdin after {STDIN_READ_LIMIT >> 20} MB", file=sys.stderr)
     if total <= MAX_LOG_BYTES:
-        return _decode(head + tail, "stdin")
+        return _decode(head + tail, "stdin"), 0
     return _join(head, tail, total - len(head) - len(tail), "stdin")
 
 
 def run(args) -> int:
+    from moe_overlap.skill.diagnose.log_output import log_output
     from moe_overlap.skill.diagnose.logs import check_training_log
 
-    text = _read_stdin() if args.log == "-" else _read_log(Path(args.log))
+    text, omitted = _read_stdin() if args.log == "-" else _read_log(Path(args.log))
     if not text.strip():
         raise CommandError(f"{args.log}: the log is empty, nothing to check", field="LOG",
                            fix="give the training log (stdout/stderr of rank 0)")
     res = check_training_log(text, expect_overlap=_EXPECT[args.expect_overlap],
                              expect_delay_wgrad=_EXPECT[args.expect_delay_wgrad])
-    emit(res, args.format, _render(res))
+    # The same model check_training_log returns over MCP: where the text came from, what was left unread.
+    emit(log_output(res, source="stdin" if args.log == "-" else args.log, omitted=omitted), args.format, _render(res))
     return EXIT_OK if res.ok else EXIT_FAIL

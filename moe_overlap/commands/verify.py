@@ -1,6 +1,7 @@
 """`moe-overlap verify [CONFIG]`: A/B verification runs of the included MoE implementation, judged by the
 seed's four success criteria (exit 0 passed or throughput-not-judged / 1 any other verdict / 2 bad input,
-nothing launched)."""
+nothing launched). `--format json` prints the outcome: verify/summary.py's summary, the failure, the path of
+report.json (every step, each criterion's evidence)."""
 
 from __future__ import annotations
 
@@ -119,7 +120,12 @@ def run(args) -> int:
             report = run_verification(options, progress=_progress_printer(args.quiet))
     except VerifyInputError as exc:
         raise CommandError(exc.message, field=exc.field, fix=exc.fix) from None
-    emit(report, args.format, _text(report))
+    if args.format == "json":  # the summary first and where the report is: what the MCP tools answer too
+        from moe_overlap.verify.outcome import outcome
+
+        emit(outcome(report), "json")
+    else:
+        emit(report, args.format, _text(report))
     if report.verdict == "cancelled" and report.failure and "Ctrl-C" in report.failure.message:
         return 130
     # throughput-not-judged (CPU): every judged criterion passed; the verdict word says what was not judged.

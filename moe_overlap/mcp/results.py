@@ -1,8 +1,8 @@
-"""Result models of the MCP tools that wrap a `skill/` / `verify/` result or stand on their own.
+"""The verification tools' result: a job's state, progress and outcome, kept small.
 
-A verification's result is its status and summary, never the whole report: the report (every step
-of every mode) is a resource of the job, `moe-overlap://jobs/<job_id>/report.json`, read on demand.
-Torch-free.
+The other tools return the `skill/` models as they are. A verification's result is its status and summary,
+never the whole report: the report (every step of every mode) is a resource of the job,
+`moe-overlap://jobs/<job_id>/report.json`, read on demand. Torch-free.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from moe_overlap.mcp.schema_compact import compact_json
-from moe_overlap.skill.diagnose.logs import LogCheckResult
+from moe_overlap.jsonout import compact_json
 from moe_overlap.verify.progress import RunProgress
 from moe_overlap.verify.summary import VerificationSummary
 
@@ -21,32 +20,6 @@ REPORT_FILES = ("report.json", "report.md")
 MAX_STATUS_CHARS = 3500  # a verification result, as compact JSON; the report resource has everything
 MIN_CUT_CHARS = 80
 CUT_MARK = " [...]"
-
-
-class SkillInfo(BaseModel):
-    name: str
-    title: str
-    summary: str
-    description: str
-    validation_status: str
-    skill_uri: str = Field(description="resources/read this URI for SKILL.md")
-    card_uri: str = Field(description="resources/read this URI for card.yaml")
-
-
-class SkillList(BaseModel):
-    skills: list[SkillInfo]
-
-
-class Truncation(BaseModel):
-    omitted: int = Field(description="items left out of this result")
-    where: str = Field(description="where the full data is")
-
-
-class LogCheckOutput(LogCheckResult):
-    """The log check, plus where the text came from and what of a huge file was skipped."""
-
-    source: str = Field(description="'inline text' or the file read")
-    truncated: Truncation | None = Field(None, description="set when a large file was read in part")
 
 
 class VerificationStatus(BaseModel):

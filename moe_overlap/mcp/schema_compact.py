@@ -1,4 +1,4 @@
-"""Lean JSON Schemas for `tools/list`, and the one compact JSON spelling of every result.
+"""Lean JSON Schemas for `tools/list`.
 
 An assistant pays for every character of `tools/list` on every turn. pydantic's schemas carry a
 `title` per property (the field name again, capitalised), an `anyOf: [X, {"type": "null"}]` wrapper
@@ -9,16 +9,14 @@ around every optional field, `"default": null`, and `$defs` for models used once
 - `lean_output`: the result's required keys and where its complete schema is (a resource under
   moe-overlap://schemas/): the output schema referenced, not repeated in every tools/list.
 
-Results leave out a null field that has a default (`lean_dump`), so they validate against the complete
-schema as pydantic writes it. Torch-free.
+Results leave out a null field that has a default (jsonout.lean_dump), so they validate against the
+complete schema as pydantic writes it. Torch-free.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
-
-from pydantic import BaseModel
 
 _NULL = {"type": "null"}
 # Keywords whose value is a schema, a list of schemas, or a name -> schema map.
@@ -116,35 +114,3 @@ def lean_output(schema: dict[str, Any], *, full: str | None = None) -> dict[str,
     if full:
         out["description"] = f"schema: {full}"
     return out
-
-
-def lean_dump(result: BaseModel) -> dict[str, Any]:
-    """A result as JSON data, leaving out fields that are None and have a default (required ones stay)."""
-    data = result.model_dump(mode="json", by_alias=True)
-    _prune(result, data)
-    return data
-
-
-def _prune(obj: Any, data: Any) -> None:
-    if isinstance(obj, BaseModel) and isinstance(data, dict):
-        for name, field in type(obj).model_fields.items():
-            key = field.alias or name
-            if key not in data:
-                continue
-            value = getattr(obj, name)
-            if value is None and not field.is_required():
-                del data[key]
-            else:
-                _prune(value, data[key])
-    elif isinstance(obj, list | tuple) and isinstance(data, list):
-        for item, dumped in zip(obj, data, strict=False):
-            _prune(item, dumped)
-    elif isinstance(obj, dict) and isinstance(data, dict):
-        for key, value in obj.items():
-            if key in data:
-                _prune(value, data[key])
-
-
-def compact_json(data: Any) -> str:
-    """The one JSON spelling of every result: no indentation, no spaces after separators."""
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -27,7 +27,9 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from moe_overlap.mcp.schema_compact import compact_json, lean_dump, lean_input, lean_output
+from moe_overlap import paths
+from moe_overlap.jsonout import compact_json, lean_dump
+from moe_overlap.mcp.schema_compact import lean_input, lean_output
 from moe_overlap.mcp.wording import reword
 
 logger = logging.getLogger(__name__)
@@ -68,17 +70,27 @@ def input_schema(model: type[BaseModel]) -> dict[str, Any]:
     return lean_input(model.model_json_schema())
 
 
-def output_schema(model: type[BaseModel], full: str | None) -> dict[str, Any]:
-    return lean_output(model.model_json_schema(), full=full)
+def schema_uri(name: str) -> str:
+    """The resource of a result's complete JSON Schema (schemas/<name>.schema.json)."""
+    return f"moe-overlap://schemas/{name}.schema.json"
+
+
+def output_schema(name: str) -> dict[str, Any]:
+    """The published output schema of a result whose complete schema is schemas/<name>.schema.json.
+
+    Read from the committed file (generated from the result model, a test keeps it fresh): the server
+    starts without importing any result model.
+    """
+    full = json.loads((paths.schemas_dir() / f"{name}.schema.json").read_text(encoding="utf-8"))
+    return lean_output(full, full=schema_uri(name))
 
 
 def model_tool(guard: ArgumentGuard, *, name: str, title: str, description: str, input_model: type[BaseModel],
-               result_model: type[BaseModel], handler: Handler, hints: ToolAnnotations,
-               full_schema: str | None = None) -> Tool:
+               handler: Handler, hints: ToolAnnotations, result_schema: str) -> Tool:
     """The SDK Tool running `handler` on `input_model`'s validated arguments.
 
-    `full_schema`: the resource holding the result's complete schema (the published one lists the
-    top-level keys only; see schema_compact.lean_output).
+    `result_schema`: the result's schema under schemas/ (the published output schema lists its required
+    keys and points to it; see schema_compact.lean_output).
     """
 
     async def tool(ctx: Context, **arguments: Any) -> CallToolResult:
@@ -99,7 +111,7 @@ def model_tool(guard: ArgumentGuard, *, name: str, title: str, description: str,
                             "moe-overlap, not in your input; the server log (stderr) has the traceback.") from exc
 
     guard.models[name] = input_model
-    metadata = FuncMetadata(arg_model=_RawArguments, output_schema=output_schema(result_model, full_schema))
+    metadata = FuncMetadata(arg_model=_RawArguments, output_schema=output_schema(result_schema))
     return Tool(fn=tool, name=name, title=title, description=description, parameters=input_schema(input_model),
                 fn_metadata=metadata, is_async=True, context_kwarg="ctx", annotations=hints)
 

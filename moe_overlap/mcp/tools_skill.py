@@ -18,11 +18,9 @@ from mcp.server.mcpserver.tools import Tool
 
 from moe_overlap.mcp import inputs as ins
 from moe_overlap.mcp import safety
-from moe_overlap.mcp.results import LogCheckOutput, SkillInfo, SkillList, Truncation
 from moe_overlap.mcp.safety import AllowedRoots, read_text_fd
 from moe_overlap.mcp.toolkit import READ_ONLY, ArgumentGuard, model_tool
 from moe_overlap.mcp.work import bounded
-from moe_overlap.skill.card.contents import CardRead
 
 logger = logging.getLogger(__name__)
 
@@ -92,19 +90,15 @@ def read_config_path(raw: str, roots: AllowedRoots, *, field: str = "config") ->
 def tools(guard: ArgumentGuard, roots: AllowedRoots) -> list[Tool]:
     """The seven knowledge tools, ready for MCPServer(tools=...)."""
 
-    async def list_skills(inp: ins.ListSkillsInput, ctx: Context) -> SkillList:
-        from moe_overlap.skill.card import cards
+    async def list_skills(inp: ins.ListSkillsInput, ctx: Context) -> Any:
+        from moe_overlap.skill.card import cards, contents
 
         try:
-            found = await bounded(cards.list_skills, what="list_skills")
+            return await bounded(contents.skill_list, what="list_skills")
         except cards.CardError as exc:
             raise as_tool_error(exc, "card") from None
-        return SkillList(skills=[SkillInfo(
-            name=s.name, title=s.title, summary=s.summary, description=s.description,
-            validation_status=s.validation_status, skill_uri=f"skill://{s.name}/SKILL.md",
-            card_uri=f"skill://{s.name}/card.yaml") for s in found])
 
-    async def get_skill_card(inp: ins.GetSkillCardInput, ctx: Context) -> CardRead:
+    async def get_skill_card(inp: ins.GetSkillCardInput, ctx: Context) -> Any:
         from moe_overlap.skill.card import cards, contents
 
         try:
@@ -137,10 +131,11 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots) -> list[Tool]:
         except ValueError as exc:
             raise as_tool_error(exc, "request") from None
 
-    async def check_training_log(inp: ins.CheckLogInput, ctx: Context) -> LogCheckOutput:
+    async def check_training_log(inp: ins.CheckLogInput, ctx: Context) -> Any:
         from moe_overlap.skill.diagnose import logs
+        from moe_overlap.skill.diagnose.log_output import log_output
 
-        text, source, cut = inp.text, "inline text", None
+        text, source, omitted = inp.text, "inline text", 0
         if inp.path is not None:
             fd, path = roots.open_file(inp.path, field="path")
             try:
@@ -149,13 +144,11 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots) -> list[Tool]:
             finally:
                 os.close(fd)
             source = str(path)
-            if omitted:
-                cut = Truncation(omitted=omitted, where=f"{path} (bytes between the head and the tail read)")
         try:
             result = await bounded(logs.check_training_log, text, what="text")
         except ValueError as exc:
             raise as_tool_error(exc, "text") from None
-        return LogCheckOutput(**result.model_dump(), source=source, truncated=cut)
+        return log_output(result, source=source, omitted=omitted)
 
     async def diagnose_failure(inp: ins.DiagnoseInput, ctx: Context) -> Any:
         from moe_overlap.skill.diagnose import api as diagnose
@@ -175,38 +168,28 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots) -> list[Tool]:
         except ValueError as exc:
             raise as_tool_error(exc, "request") from None
 
-    from moe_overlap.skill.diagnose.api import DiagnosisResult
-    from moe_overlap.skill.estimate.model import EstimateResult
-    from moe_overlap.skill.generate.model import GenerateResult
-    from moe_overlap.skill.rules.validate import ValidationResult
-
-    # (name, title, description, input, result, handler, file of the result's schema under schemas/)
+    # (name, title, description, input, handler, the result's schema under schemas/: its model is in
+    # skill/card/schemas.py SCHEMA_MODELS, so no result model is imported at start-up)
     specs = [
         ("list_skills", "List skills", "The skills this server serves, with their resource URIs.",
-         ins.ListSkillsInput, SkillList, list_skills, "skill-list"),
+         ins.ListSkillsInput, list_skills, "skill-list"),
         ("get_skill_card", "Read a skill card", "A skill card in pieces: no arguments give its contents (sections, "
-         "sizes, entry ids); then one section or one dotted field.", ins.GetSkillCardInput, CardRead,
-         get_skill_card, "card-read"),
+         "sizes, entry ids); then one section or one dotted field.", ins.GetSkillCardInput, get_skill_card,
+         "card-read"),
         ("validate_config", "Validate a config", "Check a training config and/or Megatron-LM flags against every "
          "EP-overlap rule: findings with rule id, path, message and fix. Versions not given are detected here.",
-         ins.ValidateConfigInput, ValidationResult, validate_config, "validation-result"),
+         ins.ValidateConfigInput, validate_config, "validation-result"),
         ("generate_config", "Generate a config", "A minimal working EP-overlap config, or the staged rollout "
-         "(plan=true), validated.", ins.GenerateInput, GenerateResult, generate_config, "generate-result"),
+         "(plan=true), validated.", ins.GenerateInput, generate_config, "generate-result"),
         ("check_training_log", "Check a training log", "Effective overlap settings, warnings and failures in a "
-         "training log, each with its rule or failure mode.", ins.CheckLogInput, LogCheckOutput,
-         check_training_log, "log-check-result"),
+         "training log, each with its rule or failure mode.", ins.CheckLogInput, check_training_log,
+         "log-check-result"),
         ("diagnose_failure", "Diagnose a failure", "Match an error or symptom to known failure modes, ranked, "
-         "with how to confirm and the fix.", ins.DiagnoseInput, DiagnosisResult, diagnose_failure,
-         "diagnosis-result"),
+         "with how to confirm and the fix.", ins.DiagnoseInput, diagnose_failure, "diagnosis-result"),
         ("estimate_overlap_benefit", "Estimate the overlap gain", "Predict the step-time gain of EP overlap per "
          "schedule for a MoE shape, EP size and fabric, with its assumptions.", ins.EstimateInput,
-         EstimateResult, estimate_overlap_benefit, "estimate-result"),
+         estimate_overlap_benefit, "estimate-result"),
     ]
     return [model_tool(guard, name=name, title=title, description=description, input_model=model,
-                       result_model=result, handler=handler, hints=READ_ONLY, full_schema=schema_uri(file))
-            for name, title, description, model, result, handler, file in specs]
-
-
-def schema_uri(name: str) -> str:
-    """The resource of a result's complete JSON Schema (schemas/<name>.schema.json)."""
-    return f"moe-overlap://schemas/{name}.schema.json"
+                       handler=handler, hints=READ_ONLY, result_schema=result)
+            for name, title, description, model, handler, result in specs]

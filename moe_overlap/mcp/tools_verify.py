@@ -20,13 +20,13 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.server.mcpserver.tools import Tool
 
+from moe_overlap.jsonout import compact_json
 from moe_overlap.mcp import inputs as ins
 from moe_overlap.mcp.jobs import ANONYMOUS, Job, JobError, JobManager, descendant_pids
 from moe_overlap.mcp.results import JOB_URI, VerificationStatus, fit, job_uri
 from moe_overlap.mcp.safety import AllowedRoots
-from moe_overlap.mcp.schema_compact import compact_json
 from moe_overlap.mcp.toolkit import ArgumentGuard, annotations, model_tool
-from moe_overlap.mcp.tools_skill import as_tool_error, config_source, schema_uri
+from moe_overlap.mcp.tools_skill import as_tool_error, config_source
 from moe_overlap.mcp.wording import flags_as_arguments
 from moe_overlap.mcp.work import bounded
 from moe_overlap.verify.progress import ProgressTracker
@@ -226,12 +226,10 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
         await _wait(job, inp.wait_s)
         return status_of(job, with_children=True)
 
-    status = dict(input_model=ins.StatusInput, result_model=VerificationStatus,
-                  full_schema=schema_uri("verification-status"))
+    status = dict(input_model=ins.StatusInput, result_schema="verification-status")
     return [
         model_tool(guard, name="run_verification", title="Run a verification", input_model=ins.RunVerificationInput,
-                   result_model=VerificationStatus, handler=run_verification,
-                   full_schema=schema_uri("verification-status"),
+                   handler=run_verification, result_schema="verification-status",
                    description="A/B training runs (baseline, overlap, overlap+wgrad) of this package's MoE layer on "
                                "local ranks: loss match, completion, throughput. Returns a summary; the report "
                                "is a resource.",
@@ -242,8 +240,7 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
                                "wait_s for it to end.",
                    hints=annotations(read_only=True, destructive=False, idempotent=True, open_world=False), **status),
         model_tool(guard, name="cancel_verification", title="Cancel a verification",
-                   input_model=ins.CancelInput, result_model=VerificationStatus, handler=cancel_verification,
-                   full_schema=schema_uri("verification-status"),
+                   input_model=ins.CancelInput, handler=cancel_verification, result_schema="verification-status",
                    description="Cancel a verification job and wait for its processes to end (live_child_processes "
                                "[] is clean).",
                    # Stops a run (its partial results are lost): destructive; cancelling twice is harmless.

@@ -130,7 +130,7 @@ def test_worker_runs_under_torchrun_unchanged(tmp_path):
     # the same report as a local run, judged from the records
     judged = _cli("--judge", str(tmp_path), "--format", "json")
     assert judged.returncode == 0, judged.stdout[-2000:] + judged.stderr
-    assert json.loads(judged.stdout)["verdict"] == "throughput-not-judged"
+    assert json.loads(judged.stdout)["summary"]["verdict"] == "throughput-not-judged"  # the outcome, as over MCP
     assert_report_valid(tmp_path)
     (tmp_path / "ranks" / "rank1.jsonl").write_text("")  # a rank that never reported: not passed
     assert _cli("--judge", str(tmp_path), "--force").returncode == 1

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from moe_overlap.mcp.schema_compact import compact_json
+from moe_overlap.jsonout import compact_json
 from tests.mcp.conftest import PROTOCOL_MODES, connect, text_of
 
 pytestmark = pytest.mark.anyio

@@ -9,7 +9,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from moe_overlap import paths
-from moe_overlap.mcp.schema_compact import compact_json
+from moe_overlap.jsonout import compact_json
 from moe_overlap.mcp.skills_ext import (
     IDENTIFIER,
     GetSkillParams,

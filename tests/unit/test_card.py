@@ -319,7 +319,12 @@ def test_cli_card_field_json_and_yaml(capsys):
     from moe_overlap.cli import main
 
     assert main(["card", SKILL, "--field", "constraints.ep-size-gt-1", "--format", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)["checked_by"] == ["megatron-core", "megatron-bridge"]
+    read = json.loads(capsys.readouterr().out)  # what get_skill_card returns over MCP
+    assert read["field"] == "constraints.ep-size-gt-1" and "megatron-core" in read["value"]["checked_by"]
+    assert read["next_step"].startswith("for one entry, run `moe-overlap card ")
+    assert main(["card", SKILL, "--section", "constraints", "--field", "ep-size-gt-1.severity", "--format",
+                 "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["value"] == "error"
     assert main(["card", SKILL, "--field", "minimal_example.config", "--format", "yaml"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["model"]["moe_token_dispatcher_type"] == "alltoall"
 
@@ -333,7 +338,10 @@ def test_cli_card_overview_and_list(capsys):
     out = capsys.readouterr().out
     assert "wgrad-cuda-graph-te-2-12" in out and "failure modes:" in out
     assert main(["card", "--format", "json"]) == 0
-    assert SKILL in [s["name"] for s in json.loads(capsys.readouterr().out)]
+    assert SKILL in [s["name"] for s in json.loads(capsys.readouterr().out)["skills"]]
+    assert main(["card", SKILL, "--format", "json"]) == 0  # the contents, as get_skill_card gives them
+    contents = json.loads(capsys.readouterr().out)["contents"]
+    assert "ep-size-gt-1" in next(s for s in contents["sections"] if s["section"] == "constraints")["entries"]
 
 
 def test_cli_card_unknown_name_and_field_exit_2(capsys):

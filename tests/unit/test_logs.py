@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -131,7 +132,8 @@ def test_cli_check_logs(tmp_path):
     run = [sys.executable, "-m", "moe_overlap.cli", "check-logs"]
     assert subprocess.run(run + [str(good)], capture_output=True).returncode == 0
     out = subprocess.run(run + [str(bad), "--format", "json"], capture_output=True, text=True)
-    assert out.returncode == 1 and '"ok": false' in out.stdout
+    assert out.returncode == 1 and '"ok":false' in out.stdout  # compact, as check_training_log returns it
+    assert json.loads(out.stdout)["source"] == str(bad) and "truncated" not in json.loads(out.stdout)
     assert subprocess.run(run + [str(tmp_path / "missing.log")], capture_output=True).returncode == 2
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import jsonschema
 from pydantic import BaseModel, Field
 
-from moe_overlap.mcp.schema_compact import compact_json, lean_dump, lean_input, lean_output
+from moe_overlap.jsonout import compact_json, lean_dump
+from moe_overlap.mcp.schema_compact import lean_input, lean_output
 
 
 class Inner(BaseModel):

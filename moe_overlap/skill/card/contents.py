@@ -1,4 +1,4 @@
-"""Reading a card a piece at a time: its table of contents, one section, or one dotted field.
+"""Reading a card a piece at a time (its table of contents, one section, or one dotted field), and the skill list.
 
 Why: a whole card is tens of thousands of characters, most of which an assistant does not need for the
 question at hand. The contents list every section with its size and the ids of its entries, so the next
@@ -14,9 +14,31 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from moe_overlap.skill.card.cards import CardError, get_card_field, load_card
+from moe_overlap.skill.card.cards import CardError, get_card_field, list_skills, load_card
 
 Surface = Literal["mcp", "cli"]
+
+
+class SkillInfo(BaseModel):
+    name: str
+    title: str
+    summary: str
+    description: str
+    validation_status: str
+    skill_uri: str = Field(description="resources/read this URI (MCP) for SKILL.md")
+    card_uri: str = Field(description="resources/read this URI (MCP) for card.yaml")
+
+
+class SkillList(BaseModel):
+    skills: list[SkillInfo]
+
+
+def skill_list() -> SkillList:
+    """The skills served: `list_skills` over MCP, `moe-overlap card --format json`."""
+    return SkillList(skills=[SkillInfo(
+        name=s.name, title=s.title, summary=s.summary, description=s.description,
+        validation_status=s.validation_status, skill_uri=f"skill://{s.name}/SKILL.md",
+        card_uri=f"skill://{s.name}/card.yaml") for s in list_skills()])
 
 
 class SectionInfo(BaseModel):

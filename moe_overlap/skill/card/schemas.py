@@ -23,9 +23,9 @@ SCHEMA_MODELS: dict[str, str] = {
     "generate-result.schema.json": "moe_overlap.skill.generate.model:GenerateResult",
     "estimate-result.schema.json": "moe_overlap.skill.estimate.model:EstimateResult",
     # The other tool results, which the MCP server's output schemas point to.
-    "skill-list.schema.json": "moe_overlap.mcp.results:SkillList",
+    "skill-list.schema.json": "moe_overlap.skill.card.contents:SkillList",
     "card-read.schema.json": "moe_overlap.skill.card.contents:CardRead",
-    "log-check-result.schema.json": "moe_overlap.mcp.results:LogCheckOutput",
+    "log-check-result.schema.json": "moe_overlap.skill.diagnose.log_output:LogCheckOutput",
     "diagnosis-result.schema.json": "moe_overlap.skill.diagnose.api:DiagnosisResult",
     "verification-status.schema.json": "moe_overlap.mcp.results:VerificationStatus",
 }
