@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Regenerate schemas/*.json from their pydantic models (moe_overlap.skill.card.schemas.SCHEMA_MODELS).
+"""Regenerate schemas/*.json from their pydantic models (moe_overlap.skill.card.schemas.SCHEMA_MODELS), and the
+MCP tools' published input schemas (moe_overlap/mcp/tool_inputs.json, from moe_overlap.mcp.catalog).
 
     python tools/gen_schemas.py          # write
     python tools/gen_schemas.py --check  # exit 1 if any committed schema is stale
@@ -13,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from moe_overlap.mcp import catalog  # noqa: E402
 from moe_overlap.skill.card.schemas import SCHEMA_MODELS, generate_schema, render  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1] / "schemas"
@@ -30,6 +32,11 @@ def main() -> int:
             stale.append(name)
             if not args.check:
                 path.write_text(text, encoding="utf-8")
+    tool_inputs = catalog.render(catalog.generate())
+    if not catalog.FILE.exists() or catalog.FILE.read_text(encoding="utf-8") != tool_inputs:
+        stale.append(catalog.FILE.name)
+        if not args.check:
+            catalog.FILE.write_text(tool_inputs, encoding="utf-8")
     if args.check and stale:
         print("stale schemas (run python tools/gen_schemas.py): " + ", ".join(stale), file=sys.stderr)
         return 1

@@ -15,8 +15,6 @@ from moe_overlap.jsonout import compact_json
 from moe_overlap.verify.progress import RunProgress
 from moe_overlap.verify.summary import VerificationSummary
 
-JOB_URI = "moe-overlap://jobs/{job_id}/{file}"
-REPORT_FILES = ("report.json", "report.md")
 MAX_STATUS_CHARS = 3500  # a verification result, as compact JSON; the report resource has everything
 MIN_CUT_CHARS = 80
 CUT_MARK = " [...]"
@@ -38,10 +36,6 @@ class VerificationStatus(BaseModel):
     live_child_processes: list[int] | None = Field(
         None, description="processes this server still runs (cancel_verification only); [] is clean")
     next_step: str
-
-
-def job_uri(job_id: str, file: str = "report.json") -> str:
-    return JOB_URI.format(job_id=job_id, file=file)
 
 
 def fit(status: VerificationStatus, limit: int = MAX_STATUS_CHARS) -> VerificationStatus:

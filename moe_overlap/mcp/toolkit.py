@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from moe_overlap import paths
 from moe_overlap.jsonout import compact_json, lean_dump
-from moe_overlap.mcp.schema_compact import lean_input, lean_output
+from moe_overlap.mcp import catalog
+from moe_overlap.mcp.schema_compact import lean_output
 from moe_overlap.mcp.wording import reword
 
 logger = logging.getLogger(__name__)
@@ -66,10 +67,6 @@ def structured(result: BaseModel) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=compact_json(data))], structured_content=data)
 
 
-def input_schema(model: type[BaseModel]) -> dict[str, Any]:
-    return lean_input(model.model_json_schema())
-
-
 def schema_uri(name: str) -> str:
     """The resource of a result's complete JSON Schema (schemas/<name>.schema.json)."""
     return f"moe-overlap://schemas/{name}.schema.json"
@@ -85,15 +82,17 @@ def output_schema(name: str) -> dict[str, Any]:
     return lean_output(full, full=schema_uri(name))
 
 
-def model_tool(guard: ArgumentGuard, *, name: str, title: str, description: str, input_model: type[BaseModel],
-               handler: Handler, hints: ToolAnnotations, result_schema: str) -> Tool:
-    """The SDK Tool running `handler` on `input_model`'s validated arguments.
+def model_tool(guard: ArgumentGuard, *, name: str, title: str, description: str, handler: Handler,
+               hints: ToolAnnotations, result_schema: str) -> Tool:
+    """The SDK Tool running `handler` on the validated arguments of the tool's input model (catalog.py).
 
+    The input schema is the committed one (catalog.py) and the model is imported on the first call;
     `result_schema`: the result's schema under schemas/ (the published output schema lists its required
     keys and points to it; see schema_compact.lean_output).
     """
 
     async def tool(ctx: Context, **arguments: Any) -> CallToolResult:
+        input_model = catalog.model(name)
         try:
             inputs = input_model.model_validate(pre_parse(input_model, arguments))
         except ValidationError as exc:
@@ -110,9 +109,9 @@ def model_tool(guard: ArgumentGuard, *, name: str, title: str, description: str,
             raise ToolError(f"internal error in `{name}`: {type(exc).__name__}: {exc}. This is a bug in "
                             "moe-overlap, not in your input; the server log (stderr) has the traceback.") from exc
 
-    guard.models[name] = input_model
+    guard.tools.add(name)
     metadata = FuncMetadata(arg_model=_RawArguments, output_schema=output_schema(result_schema))
-    return Tool(fn=tool, name=name, title=title, description=description, parameters=input_schema(input_model),
+    return Tool(fn=tool, name=name, title=title, description=description, parameters=catalog.input_schema(name),
                 fn_metadata=metadata, is_async=True, context_kwarg="ctx", annotations=hints)
 
 
@@ -159,14 +158,14 @@ class ArgumentGuard:
     """
 
     def __init__(self) -> None:
-        self.models: dict[str, type[BaseModel]] = {}
+        self.tools: set[str] = set()  # their input models: catalog.model(name), imported on first use
         self.prompts: dict[str, type[BaseModel]] = {}
 
     async def __call__(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         if ctx.method == "tools/call" and isinstance(ctx.params, Mapping):
             name = ctx.params.get("name")
-            model = self.models.get(name) if isinstance(name, str) else None
-            if model is not None:
+            if isinstance(name, str) and name in self.tools:
+                model = catalog.model(name)
                 arguments = ctx.params.get("arguments") or {}
                 message = argument_problems(name, model, arguments)
                 if message is not None:

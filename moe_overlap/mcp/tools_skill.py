@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 
-from moe_overlap.mcp import inputs as ins
 from moe_overlap.mcp import safety
 from moe_overlap.mcp.safety import AllowedRoots, read_text_fd
 from moe_overlap.mcp.toolkit import READ_ONLY, ArgumentGuard, model_tool
 from moe_overlap.mcp.work import bounded
+
+if TYPE_CHECKING:  # the input models are imported on a tool's first call (catalog.py)
+    from moe_overlap.mcp import inputs as ins
 
 logger = logging.getLogger(__name__)
 
@@ -168,28 +170,25 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots) -> list[Tool]:
         except ValueError as exc:
             raise as_tool_error(exc, "request") from None
 
-    # (name, title, description, input, handler, the result's schema under schemas/: its model is in
+    # (name, title, description, handler, the result's schema under schemas/: its model is in
     # skill/card/schemas.py SCHEMA_MODELS, so no result model is imported at start-up)
     specs = [
         ("list_skills", "List skills", "The skills this server serves, with their resource URIs.",
-         ins.ListSkillsInput, list_skills, "skill-list"),
+         list_skills, "skill-list"),
         ("get_skill_card", "Read a skill card", "A skill card in pieces: no arguments give its contents (sections, "
-         "sizes, entry ids); then one section or one dotted field.", ins.GetSkillCardInput, get_skill_card,
-         "card-read"),
+         "sizes, entry ids); then one section or one dotted field.", get_skill_card, "card-read"),
         ("validate_config", "Validate a config", "Check a training config and/or Megatron-LM flags against every "
          "EP-overlap rule: findings with rule id, path, message and fix. Versions not given are detected here.",
-         ins.ValidateConfigInput, validate_config, "validation-result"),
+         validate_config, "validation-result"),
         ("generate_config", "Generate a config", "A minimal working EP-overlap config, or the staged rollout "
-         "(plan=true), validated.", ins.GenerateInput, generate_config, "generate-result"),
+         "(plan=true), validated.", generate_config, "generate-result"),
         ("check_training_log", "Check a training log", "Effective overlap settings, warnings and failures in a "
-         "training log, each with its rule or failure mode.", ins.CheckLogInput, check_training_log,
-         "log-check-result"),
+         "training log, each with its rule or failure mode.", check_training_log, "log-check-result"),
         ("diagnose_failure", "Diagnose a failure", "Match an error or symptom to known failure modes, ranked, "
-         "with how to confirm and the fix.", ins.DiagnoseInput, diagnose_failure, "diagnosis-result"),
+         "with how to confirm and the fix.", diagnose_failure, "diagnosis-result"),
         ("estimate_overlap_benefit", "Estimate the overlap gain", "Predict the step-time gain of EP overlap per "
-         "schedule for a MoE shape, EP size and fabric, with its assumptions.", ins.EstimateInput,
-         estimate_overlap_benefit, "estimate-result"),
+         "schedule for a MoE shape, EP size and fabric, with its assumptions.", estimate_overlap_benefit,
+         "estimate-result"),
     ]
-    return [model_tool(guard, name=name, title=title, description=description, input_model=model,
-                       handler=handler, hints=READ_ONLY, result_schema=result)
-            for name, title, description, model, handler, result in specs]
+    return [model_tool(guard, name=name, title=title, description=description, handler=handler, hints=READ_ONLY,
+                       result_schema=result) for name, title, description, handler, result in specs]

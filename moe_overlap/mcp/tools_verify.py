@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -21,9 +21,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.server.mcpserver.tools import Tool
 
 from moe_overlap.jsonout import compact_json
-from moe_overlap.mcp import inputs as ins
 from moe_overlap.mcp.jobs import ANONYMOUS, Job, JobError, JobManager, descendant_pids
-from moe_overlap.mcp.results import JOB_URI, VerificationStatus, fit, job_uri
 from moe_overlap.mcp.safety import AllowedRoots
 from moe_overlap.mcp.toolkit import ArgumentGuard, annotations, model_tool
 from moe_overlap.mcp.tools_skill import as_tool_error, config_source
@@ -31,9 +29,17 @@ from moe_overlap.mcp.wording import flags_as_arguments
 from moe_overlap.mcp.work import bounded
 from moe_overlap.verify.progress import ProgressTracker
 
+if TYPE_CHECKING:  # the input models are imported on a tool's first call (catalog.py)
+    from moe_overlap.mcp import inputs as ins
+
 POLL_S = 0.25
 CANCEL_WAIT_S = 30.0
 MAX_FAILURE_CHARS = 1000  # the failure's message; its traceback is in the report resource
+JOB_URI = "moe-overlap://jobs/{job_id}/{file}"
+
+
+def job_uri(job_id: str, file: str = "report.json") -> str:
+    return JOB_URI.format(job_id=job_id, file=file)
 
 
 def next_step(job: Job) -> str:
@@ -54,15 +60,8 @@ def next_step(job: Job) -> str:
             "diagnose_failure with its summary or the failure message")
 
 
-def summary_of(report: Any) -> Any:
-    """verify/summary.py's summary, its `--steps 4` / `--device cuda` said as this tool's arguments."""
-    from moe_overlap.verify.summary import VerificationSummary, verification_summary
-
-    data = verification_summary(report).model_dump(mode="json")
-    return VerificationSummary.model_validate(_flags(data))
-
-
 def _flags(data: Any) -> Any:
+    """Every text of verify's summary with its `--steps 4` / `--device cuda` said as this tool's arguments."""
     if isinstance(data, str):
         return flags_as_arguments(data, "verify")
     if isinstance(data, list):
@@ -72,16 +71,23 @@ def _flags(data: Any) -> Any:
     return data
 
 
-def status_of(job: Job, *, with_children: bool = False) -> VerificationStatus:
+def status_of(job: Job, *, with_children: bool = False) -> Any:
+    """The job's state and progress, and once it has finished the outcome `moe-overlap verify --format json`
+    prints (verify/outcome.py), fitted to a result's size; the report itself is the job's resource.
+
+    The result models are imported here, on the first call: the server starts without them.
+    """
+    from moe_overlap.mcp.results import VerificationStatus, fit
+    from moe_overlap.verify.outcome import outcome
+
     tracker = job.view if isinstance(job.view, ProgressTracker) else None
-    report = job.result
-    failure = report.failure.message[:MAX_FAILURE_CHARS] if report is not None and report.failure else None
+    done = outcome(job.result) if job.result is not None else None
     return fit(VerificationStatus(
         job_id=job.id, state=job.state, elapsed_s=job.elapsed_s(),
         progress=tracker.current if tracker is not None else None,
-        summary=summary_of(report) if report is not None else None, failure=failure,
-        report_uri=job_uri(job.id) if report is not None else None,
-        out_dir=getattr(report, "out_dir", None), error=job.error,
+        summary=_flags(done.summary.model_dump(mode="json")) if done else None,
+        failure=done.failure[:MAX_FAILURE_CHARS] if done and done.failure else None,
+        report_uri=job_uri(job.id) if done else None, out_dir=done.out_dir if done else None, error=job.error,
         live_child_processes=descendant_pids() if with_children else None, next_step=next_step(job)))
 
 
@@ -177,7 +183,7 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
         job.view = tracker
         return job
 
-    async def run_verification(inp: ins.RunVerificationInput, ctx: Context) -> VerificationStatus:
+    async def run_verification(inp: ins.RunVerificationInput, ctx: Context) -> Any:
         job = await bounded(start, inp, owner_of(ctx), what="config")  # planning reads files, may probe GPUs
         if inp.background:
             return status_of(job)
@@ -213,23 +219,23 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
         except JobError as exc:
             raise ToolError(f"`job_id`: {exc}. Fix: use the job_id that run_verification returned.") from None
 
-    async def get_verification_status(inp: ins.StatusInput, ctx: Context) -> VerificationStatus:
+    async def get_verification_status(inp: ins.StatusInput, ctx: Context) -> Any:
         job = job_of(inp.job_id, ctx)
         with anyio.move_on_after(inp.wait_s):
             while not job.finished.is_set():
                 await anyio.sleep(POLL_S)
         return status_of(job)
 
-    async def cancel_verification(inp: ins.CancelInput, ctx: Context) -> VerificationStatus:
+    async def cancel_verification(inp: ins.CancelInput, ctx: Context) -> Any:
         job = job_of(inp.job_id, ctx)
         job.cancel_event.set()
         await _wait(job, inp.wait_s)
         return status_of(job, with_children=True)
 
-    status = dict(input_model=ins.StatusInput, result_schema="verification-status")
+    status = dict(result_schema="verification-status")
     return [
-        model_tool(guard, name="run_verification", title="Run a verification", input_model=ins.RunVerificationInput,
-                   handler=run_verification, result_schema="verification-status",
+        model_tool(guard, name="run_verification", title="Run a verification", handler=run_verification,
+                   result_schema="verification-status",
                    description="A/B training runs (baseline, overlap, overlap+wgrad) of this package's MoE layer on "
                                "local ranks: loss match, completion, throughput. Returns a summary; the report "
                                "is a resource.",
@@ -240,7 +246,7 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
                                "wait_s for it to end.",
                    hints=annotations(read_only=True, destructive=False, idempotent=True, open_world=False), **status),
         model_tool(guard, name="cancel_verification", title="Cancel a verification",
-                   input_model=ins.CancelInput, handler=cancel_verification, result_schema="verification-status",
+                   handler=cancel_verification, result_schema="verification-status",
                    description="Cancel a verification job and wait for its processes to end (live_child_processes "
                                "[] is clean).",
                    # Stops a run (its partial results are lost): destructive; cancelling twice is harmless.
