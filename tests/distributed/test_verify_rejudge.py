@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +39,10 @@ def _judge(run_dir) -> tuple[int, dict]:
     res = subprocess.run([sys.executable, "-m", "moe_overlap.cli", "verify", "--judge", str(run_dir), "--format",
                           "json"], capture_output=True, text=True, timeout=120)
     assert res.returncode in (0, 1), res.stderr
-    return res.returncode, json.loads(res.stdout)
+    outcome = json.loads(res.stdout)  # the summary and where the report is (what the MCP tools answer too)
+    report = json.loads(Path(outcome["report"]).read_text(encoding="utf-8"))
+    assert outcome["summary"]["verdict"] == report["verdict"]
+    return res.returncode, report
 
 
 def test_slowed_overlap_modes_are_never_passed(tmp_path):
