@@ -176,17 +176,22 @@ def mcp_wording(text: str) -> str:
 
 def flags_as_arguments(text: str, sub: str) -> str:
     """`--steps 4` / `--device cuda` of command `sub`, said in a text about that command, as the tool's
-    arguments (`steps=4`, `device="cuda"`). Only options of `sub` are touched (Megatron-LM flags stay)."""
+    arguments (`steps=4`, `device="cuda"`). Only options the tool takes are touched: Megatron-LM flags and
+    CLI-only options (`--judge`, `--out`) stay. Commands in the text become tool calls first."""
+    text = mcp_wording(text)
     if "--" not in text:
         return text
     parser = _parser(sub)
+    from moe_overlap.mcp import catalog
+
+    accepted = set(catalog.input_schema(TOOLS[sub]).get("properties", {}))
 
     def one(m: re.Match) -> str:
         action = parser._option_string_actions.get(m.group(1))  # noqa: SLF001 - argparse has no API
         if action is None:
             return m.group(0)
         target = RENAMES.get(sub, {}).get(action.dest, action.dest)
-        if target is None:
+        if target is None or target not in accepted:
             return m.group(0)
         if action.nargs == 0:
             return f"{target}=true"

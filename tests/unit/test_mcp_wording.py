@@ -46,6 +46,8 @@ def test_verify_flags_in_a_verification_text_become_arguments():
                                                   '(device="cuda"); fabric="emulated-net".')
     megatron = "--overlap-moe-expert-parallel-comm --expert-model-parallel-size 8"
     assert flags_as_arguments(megatron, "verify") == megatron  # not options of verify: left alone
+    cli_only = "re-judge it: moe-overlap verify --judge OUT; or pass --out DIR --max-steps 40"
+    assert flags_as_arguments(cli_only, "verify") == cli_only  # options run_verification does not take
 
 
 def test_reword_reaches_every_string_and_leaves_the_input_alone():
