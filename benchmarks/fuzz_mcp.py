@@ -208,48 +208,71 @@ class NotSent(Exception):
     pass
 
 
+def _vm_hwm_mb(pid: int) -> float:
+    """Peak resident memory of a live process (VmHWM), MB."""
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _server_pid() -> int:
+    from moe_overlap.mcp.jobs import descendant_pids
+
+    for pid in descendant_pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"moe_overlap.server" in f.read():
+                    return pid
+        except OSError:
+            continue
+    raise RuntimeError("the server process is gone")
+
+
 def fuzz(examples: int, seed_value: int):
-    """`examples` calls spread over every tool; a Tally (fuzz.py) of what went wrong."""
-    import anyio
-    from fuzz import Outcome, Tally
+    """At least `examples` calls spread over every tool, sent to a `moe-overlap-mcp` stdio server process
+    (`--max-jobs 0`); a Tally (fuzz.py) of what went wrong, with the server's peak RSS."""
+    import sys
+
+    from anyio.from_thread import start_blocking_portal
+    from fuzz import ROOT, Outcome, Tally
     from hypothesis import HealthCheck, Phase, given, seed, settings
     from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
 
     tally = Tally("mcp")
     folder = make_allowed_folder()
-    server = build(folder)
-
-    async def tools_of() -> dict[str, dict[str, Any]]:
-        async with Client(server) as client:
-            return {t.name: t.input_schema for t in (await client.list_tools()).tools}
-
-    tools = anyio.run(tools_of)
-    batch = 2 * len(tools)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    params = StdioServerParameters(command=sys.executable, args=[
+        "-m", "moe_overlap.server", "--allowed-dir", str(folder), "--runs-dir", str(folder / "runs"),
+        "--max-jobs", "0"], env=env, cwd=str(ROOT))
     per_tool: dict[str, dict[str, int]] = {}
     tally.per_tool = per_tool  # type: ignore[attr-defined]  # what each tool answered (reported in fuzz.json)
+    with start_blocking_portal() as portal, portal.wrap_async_context_manager(Client(params)) as client:
+        async def schemas():
+            return {t.name: t.input_schema for t in (await client.list_tools()).tools}
 
-    @seed(seed_value)
-    @settings(max_examples=max(1, examples // batch), deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(st.tuples(tool_calls(tools), tool_calls(tools)))
-    def body(two_rounds):
-        calls = [*two_rounds[0], *two_rounds[1]]
-        async def run_all():
-            async with Client(server) as client:
-                for name, args in calls:
-                    LAST.clear()
-                    try:
-                        problem, seconds = await call(client, name, args)
-                    except NotSent:
-                        continue
-                    kind = "protocol error" if not LAST else "tool error" if LAST["is_error"] else "result"
-                    per_tool.setdefault(name, {}).setdefault(kind, 0)
-                    per_tool[name][kind] += 1
-                    tally.add(f"{name} {str(args)[:300]}", Outcome(0 if problem is None else 1, "{}", "", seconds),
-                              json_expected=False, problem=problem)
+        tools = portal.call(schemas)
+        per_round = 2 * len(tools)
 
-        anyio.run(run_all)
+        @seed(seed_value)
+        @settings(max_examples=-(-examples // per_round) + 2, deadline=None, database=None,
+                  phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+        @given(st.tuples(tool_calls(tools), tool_calls(tools)))
+        def body(two_rounds):
+            for name, args in [*two_rounds[0], *two_rounds[1]]:
+                LAST.clear()
+                try:
+                    problem, seconds = portal.call(call, client, name, args)
+                except NotSent:
+                    continue
+                kind = "protocol error" if not LAST else "tool error" if LAST["is_error"] else "result"
+                per_tool.setdefault(name, {}).setdefault(kind, 0)
+                per_tool[name][kind] += 1
+                tally.add(f"{name} {str(args)[:300]}", Outcome(0 if problem is None else 1, "{}", "", seconds),
+                          json_expected=False, problem=problem)
 
-    body()
-    server.jobs.shutdown(wait_s=1)
+        body()
+        tally.handler_peak_rss_mb = round(_vm_hwm_mb(_server_pid()), 1)  # type: ignore[attr-defined]
     return tally

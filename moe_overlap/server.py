@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="folder tools may read config and log files from (repeatable; default: the current "
                          "folder, unless it is / or your home folder)")
     ap.add_argument("--runs-dir", default=None, help="where verification runs write (default: a temp folder)")
+    ap.add_argument("--max-jobs", type=int, default=1, choices=range(0, 9), metavar="N",
+                    help="verifications run at once (0-8, default 1; 0: run_verification only checks its input)")
     ap.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                     help="server log level (logs go to stderr)")
     return ap
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         server = build_server(ServerOptions(allowed_dirs=args.allowed_dir, runs_dir=args.runs_dir,
-                                            log_level=args.log_level))
+                                            max_running_jobs=args.max_jobs, log_level=args.log_level))
     except (ValueError, FileNotFoundError) as exc:
         print(f"moe-overlap-mcp: {exc}", file=sys.stderr)
         return 2

@@ -97,6 +97,9 @@ class JobManager:
         with self._lock:
             if self.closing.is_set():
                 raise JobError("the server is shutting down")
+            if self.max_running < 1:
+                raise JobError("this server runs no verification (started with --max-jobs 0); the input was checked "
+                               "and is valid")
             busy = [j for j in self._jobs.values() if not j.finished.is_set()]
             if len(busy) >= self.max_running:
                 mine = [j.id for j in busy if j.owner == owner and owner != ANONYMOUS]

@@ -202,3 +202,21 @@ def test_http_sigterm_within_2_s(http_server, token, state):
     proc.wait(30)
     assert time.monotonic() - t0 < 2.0
     _no_process_left(token)
+
+
+def test_abandoned_heavy_calls_do_not_starve_the_server(stdio):
+    """60 of the largest estimates, each abandoned (notifications/cancelled) at once: every tool call is bounded
+    and tool work has a pool of its own, so the server catches up within seconds (the 40 abandoned estimates of
+    issue 15 held their threads for hours) and then serves a new call as usual."""
+    big = {**HUGE_ESTIMATE, "layers": 1024, "micro_batches": 65536}
+    for i in range(100, 160):
+        _call(stdio, i, "estimate_overlap_benefit", big)
+        stdio.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": i}})
+    stdio.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+    stdio.wait_for(2, timeout=15)
+    t0 = time.monotonic()
+    _call(stdio, 3, "validate_config", {"config_text": "model:\n  expert_model_parallel_size: 8\n"})
+    assert "result" in stdio.wait_for(3, timeout=10)
+    assert time.monotonic() - t0 < 5
+    answered = {json.loads(line).get("id") for line in stdio.raw_lines}
+    assert not answered & set(range(100, 160)), "an abandoned call was answered"
