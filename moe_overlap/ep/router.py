@@ -26,6 +26,7 @@ Routing is dropless: there is no capacity and no token is ever dropped.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -102,18 +103,14 @@ def router_logits(x_TD: torch.Tensor, w_ED: torch.Tensor) -> torch.Tensor:
     return x_TD.float() @ w_ED.float().t()
 
 
-_MM_OUT_DTYPE: list[bool] = []
-
-
+@functools.cache
 def _mm_out_dtype_works() -> bool:
     """``torch.mm(out_dtype=...)`` exists on CUDA from torch 2.8; probed once."""
-    if not _MM_OUT_DTYPE:
-        try:
-            a = torch.ones(2, 2, device="cuda", dtype=torch.bfloat16)
-            _MM_OUT_DTYPE.append(torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32)
-        except (TypeError, RuntimeError, NotImplementedError):
-            _MM_OUT_DTYPE.append(False)
-    return _MM_OUT_DTYPE[0]
+    try:
+        a = torch.ones(2, 2, device="cuda", dtype=torch.bfloat16)
+        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
 
 
 def balanced_assignment(num_tokens: int, topk: int, num_experts: int, device) -> torch.Tensor:
