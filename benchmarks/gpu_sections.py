@@ -9,6 +9,25 @@ import torch
 from gpu_timing import cuda_time, env, host_syncs, profile_iter, rel
 
 
+def expert_gemms(x, a, dy, dh, w1, w2, offs, counts=None, path="grouped_mm") -> tuple:
+    """The six GEMMs of one expert forward + backward (18*S*D*F flops), no SwiGLU, no autograd.
+
+    x [S, D], a [S, F] (SwiGLU output), dy [S, D], dh [S, 2F] (SwiGLU input gradient), w1 [L, D, 2F],
+    w2 [L, F, D]; offs: int32 group end offsets. Forward x@w1, a@w2; dgrad dy@w2^T, dh@w1^T; wgrad x^T dh,
+    a^T dy (returned in that order). path 'loop' (per-expert ``@``, where ``torch._grouped_mm`` is
+    unsupported) needs host counts.
+    """
+    if path == "grouped_mm":
+        gmm = torch._grouped_mm
+        return (gmm(x, w1, offs=offs), gmm(a, w2, offs=offs), gmm(dy, w2.transpose(-2, -1), offs=offs),
+                gmm(dh, w1.transpose(-2, -1), offs=offs), gmm(x.t(), dh, offs=offs), gmm(a.t(), dy, offs=offs))
+    from moe_overlap.ep.experts import _gmm, _gmm_wgrad
+
+    return (_gmm(x, w1, counts, "loop"), _gmm(a, w2, counts, "loop"), _gmm(dy, w2.transpose(-2, -1), counts, "loop"),
+            _gmm(dh, w1.transpose(-2, -1), counts, "loop"), _gmm_wgrad(x, dh, counts, "loop"),
+            _gmm_wgrad(a, dy, counts, "loop"))
+
+
 def bench_experts(shape: dict) -> dict:
     from moe_overlap.ep import experts as ex
 
@@ -30,15 +49,9 @@ def bench_experts(shape: dict) -> dict:
     offs = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=dev)
     a = torch.randn(S, F, device=dev, dtype=bf, generator=gen)
     dh = torch.randn(S, 2 * F, device=dev, dtype=bf, generator=gen)
-    gmm = torch._grouped_mm
 
     def raw():
-        gmm(x, w1, offs=offs)
-        gmm(a, w2, offs=offs)
-        gmm(dy, w2.transpose(-2, -1), offs=offs)
-        gmm(dh, w1.transpose(-2, -1), offs=offs)
-        gmm(x.t(), dh, offs=offs)
-        gmm(a.t(), dy, offs=offs)
+        expert_gemms(x, a, dy, dh, w1, w2, offs)
 
     xl = x.clone().requires_grad_()
 
@@ -59,13 +72,7 @@ def bench_experts(shape: dict) -> dict:
         def raw_split(part=part, offs_c=offs_c, c=c):
             for i in range(c):
                 sl = slice(i * part, (i + 1) * part)
-                xs, as_, dys, dhs = x[sl], a[sl], dy[sl], dh[sl]
-                gmm(xs, w1, offs=offs_c)
-                gmm(as_, w2, offs=offs_c)
-                gmm(dys, w2.transpose(-2, -1), offs=offs_c)
-                gmm(dhs, w1.transpose(-2, -1), offs=offs_c)
-                gmm(xs.t(), dhs, offs=offs_c)
-                gmm(as_.t(), dys, offs=offs_c)
+                expert_gemms(x[sl], a[sl], dy[sl], dh[sl], w1, w2, offs_c)
 
         t = cuda_time(raw_split)
         out[f"raw_grouped_mm_{c}_chunks"] = {**t, "tflops": tflops(t)}
