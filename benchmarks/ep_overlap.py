@@ -75,8 +75,13 @@ def derive(res: dict, chunk_list: list[int]) -> dict:
     hideable = min(alone["comm_ms"], alone["compute_ms"])
     rows = []
 
+    def host_ms(name):  # host issue time of the row's timed calls (median per call), None in older files
+        keys = [f"{name}/pair"] if f"{name}/pair" in t else [f"{name}/fwd", f"{name}/bwd"]
+        return sum(t[f"{k}#host"]["median_ms"] for k in keys) if all(f"{k}#host" in t for k in keys) else None
+
     def row(name, ref, fwd, bwd, total, impl):
-        r = {"schedule": name, "impl": impl, "fwd_ms": fwd, "bwd_ms": bwd, "total_ms": total, "reference": ref}
+        r = {"schedule": name, "impl": impl, "fwd_ms": fwd, "bwd_ms": bwd, "total_ms": total, "reference": ref,
+             "host_ms": host_ms(name)}
         if ref is not None:
             ref_total = next(x["total_ms"] for x in rows if x["schedule"] == ref)
             r["speedup_vs_reference"] = ref_total / total
@@ -123,12 +128,12 @@ def print_preset(p: dict, world: int) -> None:
     s = p["shape"]
     print(f"\n{p['preset']}: T={s['tokens']} D={s['hidden']} F={s['ffn']} E={s['experts']} K={s['topk']}, "
           f"EP{world} ({p['local_experts']} local experts), expert path {p['expert_path']}")
-    print(f"{'schedule':<12}{'fwd ms':>9}{'bwd ms':>9}{'fwd+bwd':>9}{'speedup':>9}{'eff':>7}{'fwd eff':>9}"
-          f"{'bwd eff':>9}  vs")
+    print(f"{'schedule':<12}{'fwd ms':>9}{'bwd ms':>9}{'fwd+bwd':>9}{'host ms':>9}{'speedup':>9}{'eff':>7}"
+          f"{'fwd eff':>9}{'bwd eff':>9}  vs")
     for r in p["rows"]:
         def f(v, w=9, d=2):
             return f"{v:>{w}.{d}f}" if v is not None else f"{'-':>{w}}"
-        print(f"{r['schedule']:<12}{f(r['fwd_ms'])}{f(r['bwd_ms'])}{f(r['total_ms'])}"
+        print(f"{r['schedule']:<12}{f(r['fwd_ms'])}{f(r['bwd_ms'])}{f(r['total_ms'])}{f(r.get('host_ms'))}"
               f"{f(r.get('speedup_vs_reference'), 9, 3)}{f(r.get('overlap_efficiency'), 7)}"
               f"{f(r.get('fwd_efficiency'))}{f(r.get('bwd_efficiency'))}  {r['reference'] or ''}")
     a = p["alone"]
@@ -157,10 +162,11 @@ def markdown(doc: dict) -> str:
         out += ["", f"**{p['preset']}** (T {s['tokens']}, D {s['hidden']}, F {s['ffn']}, E {s['experts']}, "
                 f"top-{s['topk']}, {p['local_experts']} local experts): a2a alone {a['comm_ms']:.2f} ms, experts "
                 f"alone {a['compute_ms']:.2f} ms (fwd+bwd)", "",
-                "| schedule | fwd ms | bwd ms | fwd+bwd ms | speedup | overlap efficiency | vs |",
-                "|---|---|---|---|---|---|---|"]
+                "| schedule | fwd ms | bwd ms | fwd+bwd ms | host ms | speedup | overlap efficiency | vs |",
+                "|---|---|---|---|---|---|---|---|"]
         for r in p["rows"]:
             out.append(f"| {r['schedule']} | {f(r['fwd_ms'])} | {f(r['bwd_ms'])} | {f(r['total_ms'])} | "
+                       f"{f(r.get('host_ms'))} | "
                        f"{f(r.get('speedup_vs_reference'), 3)} | {f(r.get('overlap_efficiency'))} | "
                        f"{r['reference'] or ''} |")
         m = p.get("megatron")

@@ -90,16 +90,21 @@ class Clock:
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            t0 = time.perf_counter()
             out = fn()
+            # Host issue time: how long the host took to queue the call (it blocks only where the code
+            # syncs). Close to the GPU time means host-bound: overlap on the GPU cannot shorten the call.
+            host = (time.perf_counter() - t0) * 1e3
             end.record()
             end.synchronize()
             ms = start.elapsed_time(end)
         else:
             t0 = time.perf_counter()
             out = fn()
-            ms = (time.perf_counter() - t0) * 1e3
+            ms = host = (time.perf_counter() - t0) * 1e3
         if self.round >= self.warmup:
             self.samples.setdefault(key, []).append(ms)
+            self.samples.setdefault(f"{key}#host", []).append(host)
         return out
 
     def summary(self) -> dict[str, dict[str, float]]:

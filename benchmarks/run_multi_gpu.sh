@@ -70,7 +70,7 @@ step() {  # step NAME SECONDS CMD...: run under a timeout, report its exit statu
 
 part_layer() {
   local status=0
-  if [ "$DEV" = cuda ]; then
+  if [ "$DEV" = cuda ] && [ "${GPU_TESTS:-1}" = 1 ]; then  # GPU_TESTS=0: already run in this session's call
     step "gpu tests" 200 "$PY" -m pytest -q -p no:cacheprovider tests/gpu --ignore=tests/gpu/test_verify_gpu.py || status=1
   fi
   step "ep_overlap nccl" 130 "$PY" benchmarks/ep_overlap.py --device "$DEV" --world "$N" --timeout 120 \

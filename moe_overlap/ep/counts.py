@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from . import fused, fused_index
 from .all_to_all import all_to_all_sync, group_size
 
 
@@ -154,10 +155,13 @@ def make_dispatch_plan(pplan: PermutePlan, send_E: list[int], recv_RL: list[list
     # The sort indices come from the [R, L] counts by a few vectorised ops (one arange per block cost ~1 ms of
     # host time at 128 blocks); on CUDA they run on the device from the counts copied up (pinned, no sync),
     # instead of building and copying two S-long indices on the host.
-    counts_SL = _to_device(torch.tensor(recv_RL, dtype=torch.int64), device)
-    total = sum(recv_splits)
-    sort_idx = block_transpose_index(counts_SL, total)  # (source, expert) arrival order -> (expert, source)
-    unsort_idx = block_transpose_index(counts_SL.t(), total)  # and back
+    if fused.available(pplan.perm_N):  # both indices from one launch (fused_index.py)
+        sort_idx, unsort_idx = fused_index.block_transpose_indices(recv_RL, device)
+    else:
+        counts_SL = _to_device(torch.tensor(recv_RL, dtype=torch.int64), device)
+        total = sum(recv_splits)
+        sort_idx = block_transpose_index(counts_SL, total)  # (source, expert) arrival order -> (expert, source)
+        unsort_idx = block_transpose_index(counts_SL.t(), total)  # and back
     return DispatchPlan(
         permute=pplan, send_splits=send_splits, recv_splits=recv_splits,
         recv_counts_RL=tuple(tuple(r) for r in recv_RL), tokens_per_local_expert=per_expert,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import fused
+from . import fused, fused_index
 from .all_to_all import all_to_all
 from .counts import DispatchPlan, PermutePlan, plan_for
 from .router import Routing
@@ -49,6 +49,9 @@ class DispatchHandle:
 # ---------------------------------------------------------------- permute (plain steps)
 def plan_permute(experts_TK: torch.Tensor, num_experts: int) -> PermutePlan:
     num_tokens, topk = experts_TK.shape
+    if fused.available(experts_TK):  # the same integers from one launch instead of ~8 host ops
+        perm_N, inv_perm_N, token_N, counts_E = fused_index.permute_plan(experts_TK, num_experts)
+        return PermutePlan(perm_N, inv_perm_N, token_N, counts_E, num_tokens, topk)
     flat_N = experts_TK.reshape(-1)
     sorted_N, perm_N = torch.sort(flat_N, stable=True)
     inv_perm_N = torch.empty_like(perm_N)

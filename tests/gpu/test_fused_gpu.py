@@ -52,3 +52,34 @@ def test_unpermute_matches_torch(tokens, topk, experts_n, dim, monkeypatch):
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert _rel(a, b) < 4e-3
+
+
+@cuda
+@pytest.mark.parametrize("tokens,topk,experts_n", [(1, 1, 2), (257, 8, 16), (4096, 8, 128), (3000, 6, 256)])
+def test_permute_plan_kernel_equals_sort(tokens, topk, experts_n, monkeypatch):
+    """fused_index.permute_plan: bitwise the stable sort's plan (integers), skewed routing included."""
+    from moe_overlap.ep import dispatcher as dp
+
+    gen = torch.Generator().manual_seed(tokens)
+    ex = torch.stack([torch.randperm(experts_n, generator=gen)[:topk] for _ in range(tokens)]).cuda()
+    ex[: tokens // 2, 0] = experts_n - 1  # half the tokens pick the last expert first: uneven groups
+    got = dp.plan_permute(ex, experts_n)
+    monkeypatch.setenv("MOE_OVERLAP_FUSED", "0")
+    want = dp.plan_permute(ex, experts_n)
+    for name in ("perm_N", "inv_perm_N", "token_N", "tokens_per_expert_E"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+@cuda
+@pytest.mark.parametrize("counts", [[[3, 0, 2], [1, 4, 0]], [[0, 0], [0, 0]], [[2000, 1], [0, 1500], [7, 7]],
+                                    [[(i * 37) % 300 for i in range(64)], [(i * 11) % 290 for i in range(64)]]])
+def test_block_transpose_kernel_equals_torch(counts):
+    from moe_overlap.ep import counts as cn
+    from moe_overlap.ep import fused_index
+
+    t = torch.tensor(counts, device="cuda")
+    total = int(t.sum())
+    sort_idx, unsort_idx = fused_index.block_transpose_indices(counts, torch.device("cuda"))
+    assert torch.equal(sort_idx, cn.block_transpose_index(t, total))
+    assert torch.equal(unsort_idx, cn.block_transpose_index(t.t(), total))
