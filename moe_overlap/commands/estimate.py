@@ -12,7 +12,7 @@ _FIELDS = {
     "ep": "ep", "micro_batches": "micro_batches", "layers": "layers", "gpus_per_node": "gpus_per_node",
     "precision": "precision", "fabric": "fabric", "intra_gbps": "intra_gbps", "inter_gbps": "inter_gbps",
     "a2a_efficiency": "a2a_efficiency", "gpu_preset": "gpu_preset", "tflops": "tflops",
-    "dense_tflops": "dense_tflops", "mem_gbps": "mem_gbps", "attn_ms": "attn_ms", "other_ms": "other_ms",
+    "dense_tflops": "dense_tflops", "mem_gbps": "mem_gbps", "attn_ms": "attn_ms", "other_ms": "other_ms", "host_ms": "host_ms",
     "chunks": "chunks", "overlap_efficiency": "overlap_efficiency", "model": "model", "seq_length": "seq_length",
 }
 
@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("model")
     o.add_argument("--attn-ms", type=float, help="attention/dense forward ms per layer and micro-batch")
     o.add_argument("--other-ms", type=float, help="ms per step outside the layers (optimizer, ...)")
+    o.add_argument("--host-ms", type=float, help="host issue time of one layer's forward + backward per "
+                   "micro-batch, no overlap (measured): no schedule is predicted faster than its host time")
     o.add_argument("--chunks", type=int, help="token chunks of the chunked schedule (default 4)")
     add_format_argument(p)
 

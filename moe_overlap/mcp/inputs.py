@@ -215,6 +215,7 @@ class EstimateInput(EstimateRequest):
         "gpu_preset": "measured GEMM/memory rates (else tflops)", "tflops": "expert GEMM TFLOP/s",
         "dense_tflops": "dense GEMM TFLOP/s", "mem_gbps": "memory-bound kernel GB/s", "attn_ms": "attention "
         "forward ms per layer and micro-batch", "overhead_ms": "host ms per layer and micro-batch",
+        "host_ms": "host issue ms of one layer fwd+bwd (no overlap): floor of every schedule",
         "other_ms": "ms per step outside the layers", "chunks": "chunks of the chunked schedule",
         "chunk_backward": "chunk the backward too", "overlap_efficiency": "1: overlap hides comm fully; 0: not "
         "at all", "calibration": "measured rates: request.calibration of a calibrated estimate",

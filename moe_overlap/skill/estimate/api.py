@@ -8,7 +8,8 @@ Torch-free. The model, per MoE layer and micro-batch (all ranks alike: balanced 
   the rank, (g-1)/N go to the other g-1 GPUs of the node (g = min(EP, GPUs per node)), the rest
   crosses nodes. Four all-to-alls per layer and micro-batch: dispatch and combine, forward and backward.
 * link time = max(intra bytes / intra bandwidth, inter bytes / inter bandwidth) + latency.
-* schedules are timelines of the layer's nodes on a compute and a comm stream (``skill/estimate/timeline.py``).
+* schedules are timelines of the layer's nodes on a compute and a comm stream (``skill/estimate/timeline.py``);
+  no schedule is faster than the host issuing it, when the host time is known (``skill/estimate/host.py``).
 
 Every assumption is returned in ``EstimateResult.assumptions``.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from moe_overlap.skill.estimate import hardware as hw
+from moe_overlap.skill.estimate.host import floor_ms, host_bound_note
 from moe_overlap.skill.estimate.model import (
     BYTES,
     Calibration,
@@ -133,6 +135,7 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
     # no preset or explicit memory rate says which machine this is.
     per_elem = cal if cal and not (gpu or req.mem_gbps) else None
     overhead = req.overhead_ms if req.overhead_ms is not None else (cal.overhead_ms if cal else 0.0)
+    host_ms = req.host_ms if req.host_ms is not None else (cal.host_ms if cal else None)
     if cal:
         sources.append(f"calibration: {cal.source}")
     return ResolvedHardware(
@@ -140,7 +143,7 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
         intra_gbps=intra_gbps, inter_gbps=inter_gbps, a2a_efficiency=eff,
         act_ns_per_elem=per_elem.act_ns_per_elem if per_elem else None,
         perm_ns_per_elem=per_elem.perm_ns_per_elem if per_elem else None,
-        wgrad_ns_per_weight=per_elem.wgrad_ns_per_weight if per_elem else None, overhead_ms=overhead,
+        wgrad_ns_per_weight=per_elem.wgrad_ns_per_weight if per_elem else None, overhead_ms=overhead, host_ms=host_ms,
         intra_latency_us=intra_lat, inter_latency_us=inter_lat,
         **_overlap_efficiency(req, intra, inter, multi_node), sources=sources,
     )
@@ -242,10 +245,12 @@ def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
 
     def sched(name: str, layer_tl_ms: float, compute: float, comm: float, note: str = "",
               available: bool = True) -> ScheduleEstimate:
-        step = layer_tl_ms + req.other_ms
-        return ScheduleEstimate(name=name, step_ms=step, compute_ms=compute, comm_ms=comm,
-                                exposed_comm_ms=max(0.0, step - req.other_ms - compute), available=available,
-                                note=note)
+        layers_ms, bound = floor_ms(layer_tl_ms, h.host_ms, name, m * L, req.chunks)
+        if bound:
+            note = (note + "; " if note else "") + "host-bound: the step is the host's issue time"
+        return ScheduleEstimate(name=name, step_ms=layers_ms + req.other_ms, compute_ms=compute, comm_ms=comm,
+                                exposed_comm_ms=max(0.0, layer_tl_ms - compute), host_bound=bound,
+                                available=available, note=note)
 
     none_tl = layer_timeline(nodes, 1)
     scale = m * L
@@ -264,11 +269,12 @@ def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
     base = out[0].step_ms
     for s in out:
         s.speedup = base / s.step_ms if s.step_ms > 0 else 1.0
-    return _recommend(req, h, p, out)
+    host_note = host_bound_note(h.host_ms, none_tl.serial) if h.host_ms else None
+    return _recommend(req, h, p, out, host_note)
 
 
 def _recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer,
-               scheds: list[ScheduleEstimate]) -> EstimateResult:
+               scheds: list[ScheduleEstimate], host_note: str | None = None) -> EstimateResult:
     none = scheds[0]
     comm_share = none.comm_ms / (none.step_ms) if none.step_ms else 0.0
     megatron = [s for s in scheds if s.name.startswith("1f1b") and s.available]
@@ -279,6 +285,8 @@ def _recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer,
     best = next(s for s in candidates if s.speedup >= top * (1 - 1e-3))
     reasons = [f"all-to-all is {comm_share:.0%} of the step without overlap "
                f"({p.a2a_ms + p.a2a_latency_ms:.3f} ms per all-to-all, 4 per layer and micro-batch)"]
+    if host_note:
+        reasons.append(host_note)
     if req.ep == 1:
         decision = "avoid"
         reasons.append("EP 1 has no all-to-all to hide (rule ep-size-gt-1)")

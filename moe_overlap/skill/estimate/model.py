@@ -46,6 +46,9 @@ class Calibration(BaseModel):
     overlap_efficiency: float = Field(ge=0, le=1, description="share of the shorter of (a2a, matmul) hidden "
                                       "when both run at once")
     overhead_ms: float = Field(0.0, ge=0, le=MAX_MS, description="fixed host cost of one MoE layer fwd+bwd (python, small ops)")
+    host_ms: float | None = Field(None, gt=0, le=MAX_MS, description="host issue time of one MoE layer's forward + "
+                                  "backward without overlap (ms, median): the floor of a host-bound layer; None: "
+                                  "not measured (no floor)")
     source: str = Field(max_length=1000, description="machine, backend, world size, date")
 
 
@@ -85,6 +88,9 @@ class EstimateRequest(BaseModel):
                                   "micro-batch; default: a model preset's attention FLOPs at the dense rate, else 0")
     overhead_ms: float | None = Field(None, ge=0, le=MAX_MS, description="fixed host cost per layer per micro-batch (fwd+bwd); "
                                       "default: the calibration's, else 0")
+    host_ms: float | None = Field(None, gt=0, le=MAX_MS, description="host issue time of one MoE layer's forward + "
+                                  "backward per micro-batch without overlap (ms): no schedule is faster than the "
+                                  "host issuing it (skill/estimate/host.py); default: the calibration's, else no floor")
     other_ms: float = Field(0.0, ge=0, le=MAX_MS, description="time per step outside the layers, never overlapped")
     chunks: int = Field(4, ge=2, le=MAX_CHUNKS, description="token chunks of the 'chunked' schedule")
     chunk_backward: bool = Field(True, description="the chunked schedule also pipelines the backward pass")
@@ -122,6 +128,8 @@ class ResolvedHardware(BaseModel):
     act_ns_per_elem: float | None = Field(description="calibrated SwiGLU cost; None: fused kernel at mem_gbps")
     wgrad_ns_per_weight: float | None = Field(description="calibrated; None: 3 accesses per weight at mem_gbps")
     overhead_ms: float
+    host_ms: float | None = Field(None, description="host issue time per layer and micro-batch (no overlap); "
+                                  "None: no host floor")
     intra_latency_us: float
     inter_latency_us: float
     overlap_efficiency: float
@@ -157,7 +165,8 @@ class ScheduleEstimate(BaseModel):
     step_ms: float
     compute_ms: float = Field(description="busy time of the compute stream")
     comm_ms: float = Field(description="busy time of the comm stream")
-    exposed_comm_ms: float = Field(description="step time not covered by compute")
+    exposed_comm_ms: float = Field(description="GPU timeline time not covered by compute")
+    host_bound: bool = Field(False, description="the step is the host's issue time, not the GPU timeline")
     speedup: float = 1.0
     available: bool = True
     note: str = ""

@@ -53,6 +53,16 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
         out.append(f"shape of {p.name}: {p.source}" + (f"; {p.note}" if p.note else ""))
     if h.overhead_ms:
         out.append(f"fixed host cost {h.overhead_ms:g} ms per layer and micro-batch (never overlapped)")
+    if h.host_ms:
+        from moe_overlap.skill.estimate.host import CHUNK_HOST_SHARE, HOST_FACTORS, PROFILE_FILE
+
+        out.append(f"host floor: each schedule takes at least the host's issue time, {h.host_ms:g} ms per layer "
+                   f"and micro-batch without overlap, x{HOST_FACTORS['1f1b']:g} for a 1f1b pair "
+                   f"(x{HOST_FACTORS['1f1b+wgrad']:g} with delayed wgrad; {PROFILE_FILE}), "
+                   f"+{CHUNK_HOST_SHARE:g} per extra chunk")
+    else:
+        out.append("no host floor (host_ms not given): the host is assumed to issue work faster than the GPU runs "
+                   "it; a host-bound layer (small experts, fast links) gains less than predicted")
     return out
 
 
@@ -69,7 +79,7 @@ def render_text(r: EstimateResult) -> str:
         f"{'schedule':<12}{'step ms':>12}{'exposed comm ms':>18}{'speedup':>10}",
     ]
     for s in r.schedules:
-        flag = "" if s.available else "  (not available)"
+        flag = ("" if s.available else "  (not available)") + ("  (host-bound)" if s.host_bound else "")
         lines.append(f"{s.name:<12}{s.step_ms:>12.3f}{s.exposed_comm_ms:>18.3f}{s.speedup:>9.3f}x{flag}")
     lines += ["", f"recommendation: {r.recommendation} (schedule {r.recommended_schedule}, "
                   f"{r.predicted_speedup:.3f}x predicted)"]
