@@ -11,12 +11,17 @@ Torch-free, no GPU: it runs the estimator (moe_overlap/skill/estimate) on the an
   calibrated on the measured no-overlap step: what the model leaves out (data-parallel gradient reduction,
   optimizer, embedding and loss, routing imbalance) is the difference, added to every schedule unhidden.
 * DeepSeek-V3 proxy MoE layer, 8xH100, EP8, alltoall, no overlap (Megatron-LM moe_perf baseline):
-  7.12 ms forward + 10.48 ms backward. Presets only (nothing measured on H100 here to calibrate with).
+  7.12 ms forward + 10.48 ms backward. Presets, then calibrated: the expert GEMM rate measured on an H200 at the
+  anchor's per-rank shape (4 local experts x 8192 rows, benchmarks/gemm_rate.py, the newest gemm_rate*.json under
+  benchmarks/results/; H100 SXM and H200 have the same SMs and tensor-core peak, they differ in HBM), the other
+  pieces (all-to-alls, gathers) from the presets.
 * Our layer at EP >= 2 (benchmarks/ep_overlap.py via benchmarks/run_multi_gpu.sh; results files
   ep_overlap_cuda_r<N>*.json anywhere under benchmarks/results/): calibrated on the same run's pieces (expert GEMMs alone,
-  all-to-alls alone, the rest of the no-overlap layer as fixed cost), overlap efficiency from the link preset;
-  predicted 1f1b vs measured. Until those files are committed, the two-H200 figures of the project's run of
-  2026-11-29 are used and marked provisional.
+  all-to-alls alone, the rest of the no-overlap layer as fixed cost) and its host time (the host floor,
+  moe_overlap/skill/estimate/host.py), overlap efficiency from the link preset; predicted 1f1b vs measured.
+  Host time per layer: the no-overlap row's ``host_ms`` where the run records it, else, for the native-NCCL run
+  the profile of the same session measured (HOST_PROFILE), that profile's host time of the no-overlap layer scaled
+  by the profiler's host inflation (the host-bound shape's unprofiled / profiled wall time), else none (no floor).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from moe_overlap.skill.estimate.api import estimate_overlap_benefit, parse_request  # noqa: E402
+from moe_overlap.skill.estimate.host import PROFILE_FILE  # noqa: E402
 
 QWEN3 = dict(model="qwen3-30b-a3b", tokens=4096, ep=16, micro_batches=64, fabric="h100-nvlink+ib-400g",
              gpu_preset="h100")
@@ -40,6 +46,7 @@ PROXY_MEASURED_MS = 7.12 + 10.48
 LAYER_SHAPES = {"qwen3-30b-a3b": dict(hidden=2048, moe_ffn=768, experts=128, topk=8),
                 "deepseek-v3": dict(hidden=7168, moe_ffn=2048, experts=256, topk=8),
                 "dsv3-proxy": dict(hidden=7168, moe_ffn=2048, experts=32, topk=8)}
+GEMM_SHAPE = "dsv3-proxy-ep8"  # benchmarks/gemm_rate.py's name of the anchor's per-rank expert shape
 PAIRS = 64  # micro-batches in the 1f1b estimate of one layer: edge effects (first forward, last backward) 1/64
 
 
@@ -67,24 +74,76 @@ def anchor_rows() -> list[dict]:
     rows.append(_row(what, "speedup 1f1b", s["1f1b"].speedup, QWEN3_MEASURED["none"] / QWEN3_MEASURED["1f1b"],
                      c["1f1b"].speedup, src))
     p = _est(**PROXY)
+    rate, rate_file = gemm_rate()
+    cal = _est(**PROXY, tflops=rate)["none"].step_ms if rate else None
     rows.append(_row("DeepSeek-V3 proxy layer, 8xH100 EP8", "fwd+bwd ms, no overlap", p["none"].step_ms,
-                     PROXY_MEASURED_MS, None, "Megatron-LM moe_perf baseline"))
+                     PROXY_MEASURED_MS, cal, "Megatron-LM moe_perf baseline"
+                     + (f"; GEMM rate {rate:g} TFLOP/s at its per-rank shape on an H200: {rate_file}" if rate else "")))
     return rows
 
 
-def _ours(files: list[str]) -> list[tuple[str, int, str, dict[str, tuple]]]:
-    """(label, world, fabric, {preset: (none, 1f1b, a2a alone, experts alone)}) per results file."""
+def gemm_rate(files: list[str] | None = None) -> tuple[float | None, str | None]:
+    """(TFLOP/s, file) of the anchor's per-rank expert shape from the newest gemm_rate JSON (by its date)."""
+    if files is None:
+        files = glob.glob(str(ROOT / "benchmarks" / "results" / "**" / "gemm_rate*.json"), recursive=True)
+    found = []
+    for path in files:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        shape = data.get("shapes", {}).get(GEMM_SHAPE)
+        if data.get("device") == "cuda" and shape:
+            found.append((data["date"], shape["tflops"], str(Path(path).resolve().relative_to(ROOT))))
+    if not found:
+        return None, None
+    _, rate, path = max(found)
+    return rate, path
+
+
+def profile_host_ms(result_file: str, data: dict) -> tuple[dict[str, float], str]:
+    """Per preset, host ms of the no-overlap layer from the profile of the same session (HOST_PROFILE), for the
+    run that profile measured (same folder, world, fabric, transport); ({}, "") for any other run."""
+    prof_path = ROOT / PROFILE_FILE
+    if not prof_path.exists() or Path(result_file).resolve().parent != prof_path.parent:
+        return {}, ""
+    prof = json.loads(prof_path.read_text(encoding="utf-8"))
+    if (prof.get("world"), prof.get("fabric") or "native", prof.get("a2a") or "nccl") != (
+            data.get("world"), data.get("fabric") or "native", data.get("a2a") or "nccl"):
+        return {}, ""
+    none = {p["preset"]: {r["schedule"]: r["total_ms"] for r in p["rows"]}.get("none") for p in data["presets"]}
+    host, wall = {}, {}
+    for rank in prof["ranks"]:  # the slowest rank
+        for p in rank["presets"]:
+            s = p["summary"]["none"]
+            host[p["preset"]] = max(host.get(p["preset"], 0.0), s["host_ms"])
+            wall[p["preset"]] = max(wall.get(p["preset"], 0.0), s["wall_ms"])
+    both = [k for k in host if none.get(k)]
+    if not both:
+        return {}, ""
+    # torch.profiler adds host time to every op; in a host-bound layer the wall time is the host's, so its
+    # unprofiled / profiled wall time is the inflation (a GPU-bound layer's ratio is nearer 1: min takes the former).
+    scale = min(none[k] / wall[k] for k in both)
+    return ({k: host[k] * scale for k in both},
+            f"{PROFILE_FILE}: profiled host ms of the no-overlap layer x {scale:.3f} (profiler inflation)")
+
+
+def _ours(files: list[str]) -> list[tuple[str, int, str, str, dict[str, tuple]]]:
+    """(label, world, fabric, transport, {preset: (none, 1f1b, a2a alone, experts alone, host ms, host source)})
+    per results file."""
     out = []
     for path in files:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         if int(data.get("world", 1)) < 2:
             continue
         found = {}
+        fallback, fallback_src = profile_host_ms(path, data)
         for p in data.get("presets", []):
-            rows = {r["schedule"]: r["total_ms"] for r in p.get("rows", [])}
+            rows = {r["schedule"]: r for r in p.get("rows", [])}
             if p.get("preset") in LAYER_SHAPES and "none" in rows and "1f1b" in rows:
                 alone = p.get("alone", {})
-                found[p["preset"]] = (rows["none"], rows["1f1b"], alone.get("comm_ms"), alone.get("compute_ms"))
+                host = rows["none"].get("host_ms")
+                src = "the run's no-overlap row (host_ms)" if host else fallback_src
+                host = host or fallback.get(p["preset"])
+                found[p["preset"]] = (rows["none"]["total_ms"], rows["1f1b"]["total_ms"], alone.get("comm_ms"),
+                                      alone.get("compute_ms"), host, src if host else "")
         if found:
             out.append((str(Path(path).relative_to(ROOT)), int(data["world"]), data.get("fabric") or "native",
                         data.get("a2a") or "nccl", found))
@@ -95,7 +154,7 @@ def our_rows(files: list[str]) -> list[dict]:
     rows = []
     for label, world, fabric, transport, found in _ours(files):
         link = "h200-nvlink" if fabric == "native" else "h200-nvlink+ib-400g"
-        for preset, (none, pair, a2a, experts) in found.items():
+        for preset, (none, pair, a2a, experts, host, host_src) in found.items():
             shape = dict(LAYER_SHAPES[preset], tokens=4096, ep=world, gpus_per_node=8 if fabric == "native" else 1)
             if fabric != "native" and world > 1:
                 shape["gpus_per_node"] = 1  # emulated network: every peer is "another node"
@@ -109,12 +168,14 @@ def our_rows(files: list[str]) -> list[dict]:
             sent = 4096 * shape["topk"] * shape["hidden"] * 2 * (world - 1) / world
             cal = dict(shape, micro_batches=PAIRS, tflops=flops / (experts * 1e-3) / 1e12, mem_gbps=None,
                        intra_gbps=sent / (a2a / 4 * 1e-3) / 1e9, inter_gbps=sent / (a2a / 4 * 1e-3) / 1e9,
-                       a2a_efficiency=1.0, overhead_ms=max(0.0, none - experts - a2a))
+                       a2a_efficiency=1.0, overhead_ms=max(0.0, none - experts - a2a), host_ms=host)
             cal = {k: v for k, v in cal.items() if v is not None}
-            eff = _est(fabric=link, **{k: v for k, v in cal.items() if k not in ("intra_gbps", "inter_gbps")},
-                       intra_gbps=cal["intra_gbps"], inter_gbps=cal["inter_gbps"])
-            rows.append(_row(what, "speedup 1f1b (calibrated on the run's pieces)", plain["1f1b"].speedup,
-                             none / pair, eff["1f1b"].speedup, label))
+            full = estimate_overlap_benefit(parse_request(dict(cal, fabric=link)))
+            eff = {s.name: s for s in full.schedules}
+            row = _row(what, "speedup 1f1b (calibrated on the run's pieces)", plain["1f1b"].speedup,
+                       none / pair, eff["1f1b"].speedup, label)
+            row.update(host_ms=host, host_source=host_src, host_bound=any(x.startswith("host-bound") for x in full.reasons))
+            rows.append(row)
     return rows
 
 
@@ -133,7 +194,10 @@ def markdown(rows: list[dict]) -> str:
                      f"{_fmt(r['predicted_calibrated'], r['quantity'])} | {_fmt(r['measured'], r['quantity'])} | "
                      f"{r['error']:+.0%} | {cal} |")
     sources = sorted({r["source"] for r in rows})
-    return "\n".join(lines + [""] + [f"- {s}" for s in sources])
+    hosts = [f"- host floor of {r['what']}: {r['host_ms']:.2f} ms per layer"
+             + (" (host-bound: overlap cannot help)" if r["host_bound"] else "") + f"; {r['host_source']}"
+             for r in rows if r.get("host_ms")]
+    return "\n".join(lines + [""] + [f"- {s}" for s in sources] + hosts)
 
 
 def main() -> int:

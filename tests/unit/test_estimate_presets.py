@@ -96,11 +96,20 @@ def test_the_anchors_and_our_runs():
         assert abs(rows[(q, f"step s, {name}")]["error_calibrated"]) < 0.20
     proxy = rows[("DeepSeek-V3 proxy layer, 8xH100 EP8", "fwd+bwd ms, no overlap")]
     assert 0.15 < proxy["error"] < 0.30  # +23%: stated, not tuned away (docs/estimate.md says why)
+    # Calibrated with the H200 GEMM rate at the anchor's per-rank shape: the GEMM term shrinks, the rest (presets)
+    # stays; +20%, a miss docs/estimate.md states with its measured reason.
+    rate, rate_file = ea.gemm_rate()
+    assert rate and rate_file and proxy["predicted_calibrated"] < proxy["predicted"]
+    assert 0.10 < proxy["error_calibrated"] < 0.25
     ours = [r for r in rows.values() if r["what"].startswith("ours") and "speedup" in r["quantity"]]
     assert len(ours) == 6  # three shapes x (NCCL, copy engines) on NVLink; the emulated run has its own shape
-    # Within the 20% goal except the host-bound Qwen3 layer with NCCL (docs/estimate.md states the miss).
+    # All within the 20% goal: the host-bound Qwen3 layer with NCCL through the host floor (its session's profile).
     misses = [r["what"] for r in ours if abs(r["error_calibrated"]) >= 0.20]
-    assert misses == ["ours, qwen3-30b-a3b, EP 2, native, nccl"], misses
+    assert misses == [], misses
+    qwen = rows[("ours, qwen3-30b-a3b, EP 2, native, nccl", "speedup 1f1b (calibrated on the run's pieces)")]
+    assert qwen["host_bound"] and qwen["predicted_calibrated"] < 1.0 < qwen["predicted"]
+    proxy2 = rows[("ours, dsv3-proxy, EP 2, native, nccl", "speedup 1f1b (calibrated on the run's pieces)")]
+    assert proxy2["host_ms"] and not proxy2["host_bound"]  # GPU-bound: the floor is there and does not bind
 
 
 def test_cli_model_preset_and_from_run(tmp_path, capsys):
