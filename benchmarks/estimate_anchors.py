@@ -91,11 +91,17 @@ def gemm_rate(files: list[str] | None = None) -> tuple[float | None, str | None]
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         shape = data.get("shapes", {}).get(GEMM_SHAPE)
         if data.get("device") == "cuda" and shape:
-            found.append((data["date"], shape["tflops"], str(Path(path).resolve().relative_to(ROOT))))
+            found.append((data["date"], shape["tflops"], _label(path)))
     if not found:
         return None, None
     _, rate, path = max(found)
     return rate, path
+
+
+def _label(path: str) -> str:
+    """The file as the table names it: relative to the repository when inside it."""
+    full = Path(path).resolve()
+    return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else str(full)
 
 
 def profile_host_ms(result_file: str, data: dict) -> tuple[dict[str, float], str]:
@@ -145,7 +151,7 @@ def _ours(files: list[str]) -> list[tuple[str, int, str, str, dict[str, tuple]]]
                 found[p["preset"]] = (rows["none"]["total_ms"], rows["1f1b"]["total_ms"], alone.get("comm_ms"),
                                       alone.get("compute_ms"), host, src if host else "")
         if found:
-            out.append((str(Path(path).relative_to(ROOT)), int(data["world"]), data.get("fabric") or "native",
+            out.append((_label(path), int(data["world"]), data.get("fabric") or "native",
                         data.get("a2a") or "nccl", found))
     return out
 

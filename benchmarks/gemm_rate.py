@@ -14,10 +14,11 @@ lacks ``torch._grouped_mm``; CPU numbers say nothing about a GPU).
 
 Why: the estimator (moe_overlap/skill/estimate) needs the expert GEMM rate at the shape a rank
 actually runs. The DeepSeek-V3 proxy anchor (Megatron-LM moe_perf baseline, 8xH100, EP8) runs 4 local
-experts x 8192 rows per rank; H100 SXM and H200 share the GPU (132 SMs, the same dense bf16 tensor-core
-peak on NVIDIA's H100 and H200 datasheets), H200 differs in HBM (141 GB, 4.8 TB/s vs 80 GB, 3.35 TB/s),
-and at these shapes the GEMMs are compute-bound, so an H200 measurement at the anchor's per-rank shape
-calibrates its GEMM term. The JSON also carries the dense 8192^3 matmul rate of the same run.
+experts x 8192 rows per rank; H100 SXM and H200 share the GPU (GH100, the same dense bf16 tensor-core peak,
+989 TFLOP/s, on NVIDIA's H100 and H200 datasheets), H200 differs in HBM (141 GB, 4.8 TB/s vs 80 GB,
+3.35 TB/s), and at these shapes the GEMMs are compute-bound, so an H200 measurement at the anchor's per-rank
+shape calibrates its GEMM term. The JSON also carries the dense 8192^3 matmul rate and copy bandwidth of the
+same run and the GPU's SM count.
 """
 
 from __future__ import annotations
@@ -143,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     machine = machine_info(a.device)
     if a.device == "cuda":
-        machine["gpu"] = torch.cuda.get_device_name()
+        props = torch.cuda.get_device_properties(0)
+        machine.update(gpu=torch.cuda.get_device_name(), sm_count=props.multi_processor_count,
+                       memory_bytes=props.total_memory)
     res = {"command": "python " + " ".join(["benchmarks/gemm_rate.py", *(argv if argv is not None else sys.argv[1:])]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine, "device": a.device,
