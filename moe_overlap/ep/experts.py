@@ -241,11 +241,14 @@ class _ExpertsFn(torch.autograd.Function):
 class GroupedExperts(nn.Module):
     """L local SwiGLU experts. Parameters ``w1`` [L, D, 2F] and ``w2`` [L, F, D]."""
 
-    def __init__(self, num_local_experts: int, hidden: int, ffn: int, *, dtype=torch.float32, device=None):
+    def __init__(self, num_local_experts: int, hidden: int, ffn: int, *, dtype=torch.float32, device=None,
+                 skip_init: bool = False):
         super().__init__()
         check_dtype(dtype)
         self.w1 = nn.Parameter(torch.empty(num_local_experts, hidden, 2 * ffn, dtype=dtype, device=device))
         self.w2 = nn.Parameter(torch.empty(num_local_experts, ffn, hidden, dtype=dtype, device=device))
+        if skip_init:  # the caller writes every parameter (model.init_parameters): no draw to throw away
+            return
         # N(0, 1/fan_in) with the default generator; MoELayer overwrites it from its seed.
         nn.init.normal_(self.w1, std=hidden ** -0.5)
         nn.init.normal_(self.w2, std=ffn ** -0.5)

@@ -16,7 +16,8 @@ Public contract (the state dict is enough to recompute the layer; docs/ep-implem
     aux_loss = the Switch load-balancing loss of the local tokens (unscaled; the caller scales and adds it)
     With ``z_loss_coeff > 0`` the router z-loss's gradient (times that coeff) is attached to ``out``.
 
-``seed=None`` skips the seeded init (default random init on ``device``; for production-size benchmarks).
+``seed=None`` skips the seeded init (default random init on ``device``; for production-size benchmarks);
+``skip_init=True`` leaves the expert weights uninitialised (a caller that writes every parameter itself).
 
 ``forward(x, *, group=None, schedule="none"|"chunked", chunks=C, comm_stream=None, wgrad_store=None,
 counts_group=None, transport=None)``:
@@ -75,7 +76,8 @@ class MoELayer(nn.Module):
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, topk: int, group=None, *,
                  score: str = "softmax", normalize: bool | None = None, force_balance: bool = False,
-                 z_loss_coeff: float = 0.0, dtype=torch.float32, device=None, seed: int | None = 0):
+                 z_loss_coeff: float = 0.0, dtype=torch.float32, device=None, seed: int | None = 0,
+                 skip_init: bool = False):
         super().__init__()
         for name, value in (("hidden", hidden), ("ffn", ffn), ("num_experts", num_experts)):
             if not isinstance(value, int) or value < 1:
@@ -92,8 +94,9 @@ class MoELayer(nn.Module):
         self.group = group  # the caller's group (explicit, never a global); forward may override it
         self.ep_rank, self.ep_size = ep_rank, ep_size
         self.router = nn.Linear(hidden, num_experts, bias=False, dtype=dtype, device=device)
-        self.experts = GroupedExperts(self.num_local_experts, hidden, ffn, dtype=dtype, device=device)
-        if seed is None:
+        self.experts = GroupedExperts(self.num_local_experts, hidden, ffn, dtype=dtype, device=device,
+                                      skip_init=skip_init)
+        if seed is None or skip_init:
             # Production-size benchmarks: the full fp32 [E, D, 2F] draw on the host would cost tens of GB
             # and minutes per rank; the parameters keep their default random init, made on `device`.
             return
