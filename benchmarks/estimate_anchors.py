@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from moe_overlap.skill.estimate.api import estimate_overlap_benefit, parse_request  # noqa: E402
-from moe_overlap.skill.estimate.host import PROFILE_FILE  # noqa: E402
 
 QWEN3 = dict(model="qwen3-30b-a3b", tokens=4096, ep=16, micro_batches=64, fabric="h100-nvlink+ib-400g",
              gpu_preset="h100")
@@ -46,6 +45,8 @@ PROXY_MEASURED_MS = 7.12 + 10.48
 LAYER_SHAPES = {"qwen3-30b-a3b": dict(hidden=2048, moe_ffn=768, experts=128, topk=8),
                 "deepseek-v3": dict(hidden=7168, moe_ffn=2048, experts=256, topk=8),
                 "dsv3-proxy": dict(hidden=7168, moe_ffn=2048, experts=32, topk=8)}
+# The profile of the two-H200 session of 2026-11-29 (before rows carried host_ms): host time of its NCCL run.
+HOST_PROFILE = "benchmarks/results/h200x2_2026-11-29/profile_cuda_r2.json"
 GEMM_SHAPE = "dsv3-proxy-ep8"  # benchmarks/gemm_rate.py's name of the anchor's per-rank expert shape
 PAIRS = 64  # micro-batches in the 1f1b estimate of one layer: edge effects (first forward, last backward) 1/64
 
@@ -107,7 +108,7 @@ def _label(path: str) -> str:
 def profile_host_ms(result_file: str, data: dict) -> tuple[dict[str, float], str]:
     """Per preset, host ms of the no-overlap layer from the profile of the same session (HOST_PROFILE), for the
     run that profile measured (same folder, world, fabric, transport); ({}, "") for any other run."""
-    prof_path = ROOT / PROFILE_FILE
+    prof_path = ROOT / HOST_PROFILE
     if not prof_path.exists() or Path(result_file).resolve().parent != prof_path.parent:
         return {}, ""
     prof = json.loads(prof_path.read_text(encoding="utf-8"))
@@ -128,7 +129,7 @@ def profile_host_ms(result_file: str, data: dict) -> tuple[dict[str, float], str
     # unprofiled / profiled wall time is the inflation (a GPU-bound layer's ratio is nearer 1: min takes the former).
     scale = min(none[k] / wall[k] for k in both)
     return ({k: host[k] * scale for k in both},
-            f"{PROFILE_FILE}: profiled host ms of the no-overlap layer x {scale:.3f} (profiler inflation)")
+            f"{HOST_PROFILE}: profiled host ms of the no-overlap layer x {scale:.3f} (profiler inflation)")
 
 
 def _ours(files: list[str]) -> list[tuple[str, int, str, str, dict[str, tuple]]]:

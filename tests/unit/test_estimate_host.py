@@ -3,7 +3,6 @@ the factors are the committed measurements, and the anchors script reads a run's
 
 from __future__ import annotations
 
-import glob
 import json
 import statistics
 import sys
@@ -92,24 +91,22 @@ def test_cli_host_ms(capsys):
     assert json.loads(capsys.readouterr().out)["field"] == "host_ms"
 
 
-def test_pair_factors_are_the_committed_profile():
-    data = json.loads((ROOT / host.PROFILE_FILE).read_text())
-    summaries = [p["summary"] for rank in data["ranks"] for p in rank["presets"]]
-    assert len(summaries) == 4  # two ranks x two shapes
+def _host_rows():
+    for path in host.FACTOR_FILES:
+        for p in json.loads((ROOT / path).read_text())["presets"]:
+            yield {r["schedule"]: r["host_ms"] for r in p["rows"] if r.get("host_ms")}
+
+
+def test_pair_factors_are_the_committed_runs():
+    rows = list(_host_rows())
+    assert len(rows) == 9  # three runs x three shapes
     for name in ("1f1b", "1f1b+wgrad"):
-        mean = statistics.mean(s[name]["host_ms"] / s["none"]["host_ms"] for s in summaries)
-        assert round(mean, 3) == host.HOST_FACTORS[name]
+        assert round(statistics.mean(r[name] / r["none"] for r in rows), 3) == host.HOST_FACTORS[name]
 
 
-def test_chunk_share_is_the_committed_host_bound_runs():
-    shares = []
-    for path in glob.glob(str(ROOT / "benchmarks" / "results" / "**" / "ep_overlap_cuda_r*.json"), recursive=True):
-        for p in json.loads(Path(path).read_text())["presets"]:
-            if p["preset"] != "qwen3-30b-a3b":
-                continue
-            rows = {r["schedule"]: r["total_ms"] for r in p["rows"]}
-            shares += [(rows[f"chunked:{c}"] / rows["none"] - 1) / (c - 1) for c in (2, 4) if f"chunked:{c}" in rows]
-    assert len(shares) >= 10
+def test_chunk_share_is_the_committed_runs():
+    shares = [(r[f"chunked:{c}"] / r["none"] - 1) / (c - 1) for r in _host_rows() for c in (2, 4)]
+    assert len(shares) == 18
     assert round(statistics.median(shares), 2) == host.CHUNK_HOST_SHARE
 
 

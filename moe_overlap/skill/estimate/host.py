@@ -12,14 +12,12 @@ issue time: a calibration input, measured on the machine and implementation at h
 
 * ``none``: 1.
 * ``1f1b`` / ``1f1b+wgrad``: a layer pair issues the ops of one forward and one backward, plus the pairing's
-  bookkeeping (events, stream switches, the deferred wgrad's closures). Factors: the host time of the pair over
-  that of the no-overlap layer, mean over both ranks and both shapes of our two-H200 profile
-  (benchmarks/results/h200x2_2026-11-29/profile_cuda_r2.json, ``summary.<schedule>.host_ms``; torch.profiler
-  inflates every op alike, so ratios survive it).
+  bookkeeping (events, stream switches, the deferred wgrad's closures). Factors: the pair row's ``host_ms`` over
+  the no-overlap row's, mean over the three shapes of the three two-H200 runs in FACTOR_FILES (NCCL, copy
+  engines, NCCL again; ``benchmarks/ep_overlap.py``'s host issue time per call, median, no profiler).
 * ``chunked`` with C chunks: 1 + CHUNK_HOST_SHARE x (C - 1): each extra chunk re-issues the expert and
-  all-to-all part of the layer. The share is the median over the host-bound Qwen3-30B-A3B rows of every committed
-  ``benchmarks/results/**/ep_overlap_cuda_r*.json`` of (chunked:C / none - 1) / (C - 1) (their wall time is the
-  host's: the compute stream is busy about a fifth of it).
+  all-to-all part of the layer. The share is the median of (host chunked:C / host none - 1) / (C - 1) over the
+  same rows, C = 2 and 4.
 
 Without ``host_ms`` (no request value, no calibration value) there is no floor: host cost depends on the
 implementation and the CPU, and a default measured on ours would be wrong for Megatron-Core on another host.
@@ -27,9 +25,9 @@ implementation and the CPU, and a default measured on ours would be wrong for Me
 
 from __future__ import annotations
 
-PROFILE_FILE = "benchmarks/results/h200x2_2026-11-29/profile_cuda_r2.json"
-HOST_FACTORS = {"none": 1.0, "1f1b": 1.081, "1f1b+wgrad": 1.084}  # recomputed from PROFILE_FILE by a unit test
-CHUNK_HOST_SHARE = 0.43  # recomputed from the committed ep_overlap_cuda_r*.json files by a unit test
+FACTOR_FILES = tuple(f"benchmarks/results/h200x2_2026-11-29_r3/ep_overlap_cuda_r2{s}.json" for s in ("", "_ce", "_repeat"))
+HOST_FACTORS = {"none": 1.0, "1f1b": 1.154, "1f1b+wgrad": 1.180}  # recomputed from FACTOR_FILES by a unit test
+CHUNK_HOST_SHARE = 0.54  # recomputed from FACTOR_FILES by a unit test
 HOST_BOUND_SHARE = 0.95  # host time >= 95% of the no-overlap GPU timeline: the host sets the pace
 
 

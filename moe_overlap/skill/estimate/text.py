@@ -54,11 +54,12 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
     if h.overhead_ms:
         out.append(f"fixed host cost {h.overhead_ms:g} ms per layer and micro-batch (never overlapped)")
     if h.host_ms:
-        from moe_overlap.skill.estimate.host import CHUNK_HOST_SHARE, HOST_FACTORS, PROFILE_FILE
+        from moe_overlap.skill.estimate.host import CHUNK_HOST_SHARE, FACTOR_FILES, HOST_FACTORS
 
         out.append(f"host floor: each schedule takes at least the host's issue time, {h.host_ms:g} ms per layer "
                    f"and micro-batch without overlap, x{HOST_FACTORS['1f1b']:g} for a 1f1b pair "
-                   f"(x{HOST_FACTORS['1f1b+wgrad']:g} with delayed wgrad; {PROFILE_FILE}), "
+                   f"(x{HOST_FACTORS['1f1b+wgrad']:g} with delayed wgrad; measured on two H200s, "
+                   f"{FACTOR_FILES[0].rsplit('/', 1)[0]}), "
                    f"+{CHUNK_HOST_SHARE:g} per extra chunk")
     else:
         out.append("no host floor (host_ms not given): the host is assumed to issue work faster than the GPU runs "
