@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -105,6 +106,15 @@ def _label(path: str) -> str:
     return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else str(full)
 
 
+def _run_tag(label: str, *known: str) -> str:
+    """Which run a row comes from: its results folder, and what the file name adds (``repeat``) beyond the
+    fabric and transport the row already names."""
+    path = Path(label)
+    extra = re.fullmatch(r".*_r\d+(?:_(.+))?", path.stem)
+    extra = extra.group(1) if extra else None
+    return path.parent.name + (f" {extra}" if extra and extra not in known else "")
+
+
 def profile_host_ms(result_file: str, data: dict) -> tuple[dict[str, float], str]:
     """Per preset, host ms of the no-overlap layer from the profile of the same session (HOST_PROFILE), for the
     run that profile measured (same folder, world, fabric, transport); ({}, "") for any other run."""
@@ -166,7 +176,7 @@ def our_rows(files: list[str]) -> list[dict]:
             if fabric != "native" and world > 1:
                 shape["gpus_per_node"] = 1  # emulated network: every peer is "another node"
             plain = _est(**shape, fabric=link, gpu_preset="h200", micro_batches=PAIRS)
-            what = f"ours, {preset}, EP {world}, {fabric}, {transport}"
+            what = f"ours, {preset}, EP {world}, {fabric}, {transport}, {_run_tag(label, fabric, transport)}"
             rows.append(_row(what, "layer fwd+bwd ms, none (presets)", plain["none"].step_ms / PAIRS, none,
                              None, label))
             # Calibrated on the same run: expert rate from the experts alone, bandwidth from the all-to-alls

@@ -3,6 +3,7 @@ the factors are the committed measurements, and the anchors script reads a run's
 
 from __future__ import annotations
 
+import glob
 import json
 import statistics
 import sys
@@ -155,3 +156,13 @@ def test_anchors_gemm_rate_takes_the_newest_gpu_file(anchors, tmp_path):
         assert anchors.gemm_rate(files[2:]) == (None, None)
     finally:
         anchors.ROOT = monkey_root
+
+
+def test_every_committed_two_gpu_run_is_within_the_goal(anchors):
+    files = sorted(glob.glob(str(ROOT / "benchmarks" / "results" / "**" / "ep_overlap_cuda_r*.json"), recursive=True))
+    rows = [r for r in anchors.our_rows(files) if "speedup" in r["quantity"]]
+    assert len(rows) >= 15
+    assert [r["what"] for r in rows if abs(r["error_calibrated"]) >= 0.20] == []
+    recorded = [r for r in rows if "_r3" in r["what"]]  # runs whose rows carry host_ms use it, not a profile
+    assert recorded and all(r["host_source"] == "the run's no-overlap row (host_ms)" for r in recorded)
+    assert any(r["host_bound"] for r in recorded)  # the repeat run's Qwen3 layer

@@ -106,9 +106,11 @@ def test_the_anchors_and_our_runs():
     # All within the 20% goal: the host-bound Qwen3 layer with NCCL through the host floor (its session's profile).
     misses = [r["what"] for r in ours if abs(r["error_calibrated"]) >= 0.20]
     assert misses == [], misses
-    qwen = rows[("ours, qwen3-30b-a3b, EP 2, native, nccl", "speedup 1f1b (calibrated on the run's pieces)")]
+    run = "h200x2_2026-11-29"  # the run each row comes from ends its label
+    assert all(r["what"].endswith(run) for r in ours)
+    qwen = rows[(f"ours, qwen3-30b-a3b, EP 2, native, nccl, {run}", "speedup 1f1b (calibrated on the run's pieces)")]
     assert qwen["host_bound"] and qwen["predicted_calibrated"] < 1.0 < qwen["predicted"]
-    proxy2 = rows[("ours, dsv3-proxy, EP 2, native, nccl", "speedup 1f1b (calibrated on the run's pieces)")]
+    proxy2 = rows[(f"ours, dsv3-proxy, EP 2, native, nccl, {run}", "speedup 1f1b (calibrated on the run's pieces)")]
     assert proxy2["host_ms"] and not proxy2["host_bound"]  # GPU-bound: the floor is there and does not bind
 
 
