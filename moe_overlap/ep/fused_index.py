@@ -69,7 +69,7 @@ if triton is not None:
         tl.store(unsort_ptr + src + j, dst + j, mask=m)
 
 
-_PLAN_BLOCK = 1024
+_PLAN_BLOCK = 4096  # each program walks the ids twice, one block per step: a long block means few latency-bound steps
 _BT_BLOCK = 1024
 
 
@@ -80,7 +80,7 @@ def permute_plan(experts_TK: torch.Tensor, num_experts: int):
     perm, inv, tok = (torch.empty(n, dtype=torch.int64, device=ids.device) for _ in range(3))
     counts = torch.empty(num_experts, dtype=torch.int64, device=ids.device)
     _permute_plan_kernel[(num_experts,)](ids, perm, inv, tok, counts, n, experts_TK.shape[1], num_experts,
-                                         BLOCK=_PLAN_BLOCK)
+                                         BLOCK=_PLAN_BLOCK, num_warps=8)
     return perm, inv, tok, counts
 
 

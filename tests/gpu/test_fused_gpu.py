@@ -83,3 +83,25 @@ def test_block_transpose_kernel_equals_torch(counts):
     sort_idx, unsort_idx = fused_index.block_transpose_indices(counts, torch.device("cuda"))
     assert torch.equal(sort_idx, cn.block_transpose_index(t, total))
     assert torch.equal(unsort_idx, cn.block_transpose_index(t.t(), total))
+
+
+@cuda
+@pytest.mark.parametrize("tokens,dim,experts_n", [(5, 16, 4), (4096, 7168, 32), (4096, 2048, 128)])
+def test_router_logits_backward_bf16_matches_fp32(tokens, dim, experts_n):
+    """router._Logits: tensor-core forward and split-precision backward vs autograd on fp32 copies."""
+    from moe_overlap.ep.router import router_logits
+
+    gen = torch.Generator(device="cuda").manual_seed(dim)
+    x = torch.randn(tokens, dim, device="cuda", generator=gen).bfloat16().requires_grad_()
+    w = (torch.randn(experts_n, dim, device="cuda", generator=gen) / dim ** 0.5).bfloat16().requires_grad_()
+    g = torch.randn(tokens, experts_n, device="cuda", generator=gen) * 1e-3
+    x32, w32 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    out = router_logits(x, w)
+    out.backward(g)
+    ref = x32 @ w32.t()
+    ref.backward(g.double())
+    assert out.dtype == torch.float32 and _rel(out, ref) < 1e-5
+    # One rounding to bf16 of a result computed with ~16-bit inputs and fp32 sums: within bf16 rounding.
+    for got, want in ((x.grad, x32.grad), (w.grad, w32.grad)):
+        assert got.dtype == torch.bfloat16 and _rel(got, want) < 4e-3
+        assert ((got.double() - want).abs() <= 2 ** -7 * want.abs() + 1e-9 * want.abs().max()).float().mean() > 0.999
