@@ -59,7 +59,7 @@ main() {
   if compgen -G ".whl-src/grouped_gemm-*.tar.gz" > /dev/null; then  # CPU work: beside the (untimed) tests only
     build_grouped_gemm > "$OUT/grouped_gemm_build.log" 2>&1 & gg_pid=$!
   fi
-  step tests 150 "$PY" -m pytest -q -x -p no:cacheprovider tests/gpu
+  step tests 240 "$PY" -m pytest -q -x -p no:cacheprovider tests/gpu
   [ -n "$gg_pid" ] && { wait "$gg_pid"; tail -3 "$OUT/grouped_gemm_build.log"; }
   for pair in $CODE_ROOTS; do
     BENCH_CODE_ROOT=${pair#*=} BENCH_CODE_COMMIT=${pair%%=*} \
