@@ -12,9 +12,9 @@ Torch-free, no GPU: it runs the estimator (moe_overlap/skill/estimate) on the an
   optimizer, embedding and loss, routing imbalance) is the difference, added to every schedule unhidden.
 * DeepSeek-V3 proxy MoE layer, 8xH100, EP8, alltoall, no overlap (Megatron-LM moe_perf baseline):
   7.12 ms forward + 10.48 ms backward. Presets, then calibrated: the expert GEMM rate measured on an H200 at the
-  anchor's per-rank shape (4 local experts x 8192 rows, benchmarks/gemm_rate.py, the newest gemm_rate*.json under
-  benchmarks/results/; H100 SXM and H200 have the same SMs and tensor-core peak, they differ in HBM), the other
-  pieces (all-to-alls, gathers) from the presets.
+  anchor's per-rank shape (4 local experts x 8192 rows, benchmarks/gemm_rate.py; the file GEMM_RATE_FILE names,
+  or --gemm-rate FILE: named, so a new measurement never changes the table silently; H100 SXM and H200 have the
+  same tensor-core peak, they differ in HBM), the other pieces (all-to-alls, gathers) from the presets.
 * Our layer at EP >= 2 (benchmarks/ep_overlap.py via benchmarks/run_multi_gpu.sh; results files
   ep_overlap_cuda_r<N>*.json anywhere under benchmarks/results/): calibrated on the same run's pieces (expert GEMMs alone,
   all-to-alls alone, the rest of the no-overlap layer as fixed cost) and its host time (the host floor,
@@ -49,6 +49,7 @@ LAYER_SHAPES = {"qwen3-30b-a3b": dict(hidden=2048, moe_ffn=768, experts=128, top
 # The profile of the two-H200 session of 2026-11-29 (before rows carried host_ms): host time of its NCCL run.
 HOST_PROFILE = "benchmarks/results/h200x2_2026-11-29/profile_cuda_r2.json"
 GEMM_SHAPE = "dsv3-proxy-ep8"  # benchmarks/gemm_rate.py's name of the anchor's per-rank expert shape
+GEMM_RATE_FILE = "benchmarks/results/h200_2026-11-29_gemm/gemm_rate.json"  # one H200, 2026-11-29
 PAIRS = 64  # micro-batches in the 1f1b estimate of one layer: edge effects (first forward, last backward) 1/64
 
 
@@ -63,7 +64,7 @@ def _row(what, quantity, predicted, measured, calibrated=None, source=""):
             "measured": measured, "error": err, "error_calibrated": cal_err, "source": source}
 
 
-def anchor_rows() -> list[dict]:
+def anchor_rows(gemm_rate_file: str | None = GEMM_RATE_FILE) -> list[dict]:
     rows = []
     s = _est(**QWEN3)
     other = QWEN3_MEASURED["none"] * 1e3 - s["none"].step_ms  # unmodelled ms per step, never overlapped
@@ -76,7 +77,7 @@ def anchor_rows() -> list[dict]:
     rows.append(_row(what, "speedup 1f1b", s["1f1b"].speedup, QWEN3_MEASURED["none"] / QWEN3_MEASURED["1f1b"],
                      c["1f1b"].speedup, src))
     p = _est(**PROXY)
-    rate, rate_file = gemm_rate()
+    rate, rate_file = gemm_rate(gemm_rate_file) if gemm_rate_file else (None, None)
     cal = _est(**PROXY, tflops=rate)["none"].step_ms if rate else None
     rows.append(_row("DeepSeek-V3 proxy layer, 8xH100 EP8", "fwd+bwd ms, no overlap", p["none"].step_ms,
                      PROXY_MEASURED_MS, cal, "Megatron-LM moe_perf baseline"
@@ -84,20 +85,22 @@ def anchor_rows() -> list[dict]:
     return rows
 
 
-def gemm_rate(files: list[str] | None = None) -> tuple[float | None, str | None]:
-    """(TFLOP/s, file) of the anchor's per-rank expert shape from the newest gemm_rate JSON (by its date)."""
-    if files is None:
-        files = glob.glob(str(ROOT / "benchmarks" / "results" / "**" / "gemm_rate*.json"), recursive=True)
-    found = []
-    for path in files:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        shape = data.get("shapes", {}).get(GEMM_SHAPE)
-        if data.get("device") == "cuda" and shape:
-            found.append((data["date"], shape["tflops"], _label(path)))
-    if not found:
-        return None, None
-    _, rate, path = max(found)
-    return rate, path
+class InputError(ValueError):
+    """A named input file cannot be used (says which and why)."""
+
+
+def gemm_rate(path: str) -> tuple[float, str]:
+    """(TFLOP/s, file as labelled) of the anchor's per-rank expert shape in a benchmarks/gemm_rate.py JSON."""
+    full = Path(path) if Path(path).is_absolute() else ROOT / path
+    try:
+        data = json.loads(full.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--gemm-rate {path}: not a readable JSON file ({exc})") from None
+    shape = data.get("shapes", {}).get(GEMM_SHAPE) if isinstance(data, dict) else None
+    if not shape or data.get("device") != "cuda":
+        raise InputError(f"--gemm-rate {path}: no GPU measurement of shape {GEMM_SHAPE!r}; give the --out file of "
+                         "`python benchmarks/gemm_rate.py --device cuda`")
+    return float(shape["tflops"]), _label(str(full))
 
 
 def _label(path: str) -> str:
@@ -111,8 +114,8 @@ def _run_tag(label: str, *known: str) -> str:
     fabric and transport the row already names."""
     path = Path(label)
     extra = re.fullmatch(r".*_r\d+(?:_(.+))?", path.stem)
-    extra = extra.group(1) if extra else None
-    return path.parent.name + (f" {extra}" if extra and extra not in known else "")
+    extra = " ".join(t for t in (extra.group(1) or "").split("_") if t not in known) if extra else ""
+    return path.parent.name + (f" {extra}" if extra else "")
 
 
 def profile_host_ms(result_file: str, data: dict) -> tuple[dict[str, float], str]:
@@ -223,10 +226,16 @@ def main() -> int:
     ap.add_argument("--results", nargs="*", default=None,
                     help="ep_overlap result files at EP >= 2 (default: every ep_overlap_cuda_r*.json under "
                          "benchmarks/results/)")
+    ap.add_argument("--gemm-rate", default=GEMM_RATE_FILE, help="benchmarks/gemm_rate.py JSON that calibrates the "
+                    f"proxy anchor's GEMM term (default {GEMM_RATE_FILE}); '' for presets only")
     args = ap.parse_args()
     files = args.results if args.results is not None else sorted(
         glob.glob(str(ROOT / "benchmarks" / "results" / "**" / "ep_overlap_cuda_r*.json"), recursive=True))
-    rows = anchor_rows() + our_rows(files)
+    try:
+        rows = anchor_rows(args.gemm_rate) + our_rows(files)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(markdown(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"command": "python benchmarks/estimate_anchors.py", "rows": rows},

@@ -140,22 +140,18 @@ def test_anchors_read_a_runs_host_time(anchors, tmp_path):
     assert row["host_bound"] and row["predicted_calibrated"] < row_without["predicted_calibrated"]
 
 
-def test_anchors_gemm_rate_takes_the_newest_gpu_file(anchors, tmp_path):
-    def write(name, date, device, tflops):
-        (tmp_path / name).write_text(json.dumps({"date": date, "device": device,
-                                                 "shapes": {anchors.GEMM_SHAPE: {"tflops": tflops}}}))
-        return str(tmp_path / name)
-
-    files = [write("a.json", "2026-11-29T10:00:00+00:00", "cuda", 600.0),
-             write("b.json", "2026-11-29T12:00:00+00:00", "cuda", 650.0),
-             write("c.json", "2026-11-29T13:00:00+00:00", "cpu", 0.01)]
-    monkey_root = anchors.ROOT
-    anchors.ROOT = tmp_path
-    try:
-        assert anchors.gemm_rate(files) == (650.0, "b.json")
-        assert anchors.gemm_rate(files[2:]) == (None, None)
-    finally:
-        anchors.ROOT = monkey_root
+def test_anchors_gemm_rate_is_the_named_file(anchors, tmp_path):
+    rate, label = anchors.gemm_rate(anchors.GEMM_RATE_FILE)
+    assert label == anchors.GEMM_RATE_FILE and 100 < rate < 2000
+    cal = next(r for r in anchors.anchor_rows() if r["what"].startswith("DeepSeek-V3 proxy"))
+    bare = next(r for r in anchors.anchor_rows(None) if r["what"].startswith("DeepSeek-V3 proxy"))
+    assert cal["predicted_calibrated"] < cal["predicted"] and bare["predicted_calibrated"] is None
+    assert anchors.GEMM_RATE_FILE in cal["source"]
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(json.dumps({"device": "cpu", "shapes": {anchors.GEMM_SHAPE: {"tflops": 0.01}}}))
+    for bad in (cpu, tmp_path / "missing.json"):
+        with pytest.raises(anchors.InputError, match="--gemm-rate"):
+            anchors.gemm_rate(str(bad))
 
 
 def test_every_committed_two_gpu_run_is_within_the_goal(anchors):
