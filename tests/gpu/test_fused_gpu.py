@@ -14,7 +14,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def _rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
+    return float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm())
 
 
 @cuda
