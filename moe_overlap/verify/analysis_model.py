@@ -51,6 +51,12 @@ class StepPieces(_Model):
     layers: int = Field(ge=1)
     micro_batches: int = Field(ge=1)
     model_of: str | None = Field(None, description="the mode whose trained model was replayed")
+    layer_s: float | None = Field(None, ge=0, description="every layer's forward + backward without overlap, one "
+                                  "at a time, summed over one step; None: a run before this was recorded")
+    layer_host_s: float | None = Field(None, ge=0, description="the host issue time of those calls (queued, "
+                                       "before the closing device sync); on CPU equal to layer_s")
+    host_ms_per_layer: float | None = Field(None, ge=0, description="layer_host_s per layer and micro-batch, ms: "
+                                            "the estimator's host_ms (used for its host floor on CUDA only)")
 
 
 class ModeBreakdown(_Model):
@@ -66,6 +72,9 @@ class ModeBreakdown(_Model):
     hidden_comm_s: float | None = None
     overlap_efficiency: float | None = None
     optimizer_s: float | None = Field(None, description="the optimizer update alone (median)")
+    host_issue_s: float | None = Field(None, description="host issue time of the step's forward + backward "
+                                       "(median, slowest rank): until the host had queued its last work, the "
+                                       "optimizer excluded; includes the host's waits at the count exchanges")
     peak_memory_bytes: int | None = Field(None, description="median over steps of the per-step peak (see StepRecord)")
     predicted_ratio: float | None = Field(None, description="the estimator's tokens/s over the baseline")
     prediction_error: float | None = Field(None, description="predicted / measured - 1")
@@ -80,6 +89,12 @@ class Prediction(_Model):
     efficiency_source: str | None = None
     request: dict[str, Any] | None = Field(None, description="the EstimateRequest, calibration included")
     step_s: dict[str, float] = Field(default_factory=dict, description="predicted step time per estimator schedule")
+    host_ms: float | None = Field(None, description="host issue time per layer and micro-batch fed to the "
+                                  "estimator's host floor (CUDA runs with the layers' host time measured)")
+    host_bound: list[str] = Field(default_factory=list, description="estimator schedules whose predicted step is "
+                                  "the host's issue time, not the GPU timeline")
+    host_note: str | None = Field(None, description="why the floor applies or not (the estimator's wording when "
+                                  "the layer is host-bound)")
 
 
 class Explanation(_Model):

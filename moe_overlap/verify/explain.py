@@ -16,7 +16,7 @@ from moe_overlap.skill.estimate.model import BYTES
 from moe_overlap.verify.analysis_model import Analysis, Explanation, ModeBreakdown, Prediction, StepPieces
 from moe_overlap.verify.config import VerifyConfig
 from moe_overlap.verify.report_model import Criterion, ModeRun
-from moe_overlap.verify.run_calibration import calibration_from_pieces
+from moe_overlap.verify.run_calibration import calibration_from_pieces, host_floor_input
 from moe_overlap.verify.throughput import WARMUP_STEPS
 
 # Estimator schedule of each mode (verify/modes.py: overlap takes the run's schedule).
@@ -54,6 +54,7 @@ def _breakdown(runs: list[ModeRun], comparisons: dict[str, dict[str, Any]], piec
         step = _median([s.step_time_s for s in kept])
         row = ModeBreakdown(mode=run.mode, step_s=step, tokens_per_s=_median([s.tokens_per_s for s in kept]),
                             optimizer_s=_median([s.optimizer_s for s in kept if s.optimizer_s is not None]),
+                            host_issue_s=_median([s.host_issue_s for s in kept if s.host_issue_s is not None]),
                             peak_memory_bytes=int(statistics.median(s.peak_memory_bytes for s in kept))
                             if kept else None, comm_s=comm, compute_s=compute)
         c = comparisons.get(run.mode)
@@ -71,7 +72,7 @@ def _breakdown(runs: list[ModeRun], comparisons: dict[str, dict[str, Any]], piec
 
 
 def _prediction(cfg: VerifyConfig, nproc: int, backend: str, pieces: StepPieces | None,
-                rows: list[ModeBreakdown], specs: dict[str, str]) -> Prediction:
+                rows: list[ModeBreakdown], specs: dict[str, str], device: str = "cpu") -> Prediction:
     from moe_overlap.skill.estimate.api import EstimateError, estimate_overlap_benefit, parse_request
 
     if pieces is None:
@@ -95,6 +96,9 @@ def _prediction(cfg: VerifyConfig, nproc: int, backend: str, pieces: StepPieces 
                "micro_batches": cfg.micro_batches, "layers": cfg.num_layers, "gpus_per_node": nproc,
                "precision": cfg.precision, "chunks": max(2, cfg.chunks), "attn_ms": rest / (3 * layers_mb) * 1e3,
                "other_ms": optimizer * 1e3, "overhead_ms": 0.0, "calibration": cal.model_dump()}
+    host_ms, host_why = host_floor_input(pieces, device)
+    if host_ms is not None:
+        request["host_ms"] = host_ms
     try:
         result = estimate_overlap_benefit(parse_request(request))
     except (EstimateError, ValidationError) as exc:
@@ -103,18 +107,44 @@ def _prediction(cfg: VerifyConfig, nproc: int, backend: str, pieces: StepPieces 
     for row in rows:
         if row.mode == "baseline":
             continue  # the reference: its predicted ratio is 1 by definition
-        name = "1f1b+wgrad" if row.mode == "overlap+wgrad" else _ESTIMATOR_SCHEDULE.get(specs.get(row.mode, ""))
+        name = _estimator_name(row.mode, specs)
         if name in steps and steps[name] > 0:
             row.predicted_ratio = round(steps["none"] / steps[name], 4)
             if row.measured_ratio:
                 row.prediction_error = round(row.predicted_ratio / row.measured_ratio - 1.0, 4)
+    bound = [s.name for s in result.schedules if s.host_bound]
+    note_host = next((r for r in result.reasons if r.startswith("host-bound")), None)
     return Prediction(available=True, reason="estimator (skill/estimate) fed by this run's pieces: " + cal.source,
                       overlap_efficiency=cal.overlap_efficiency, efficiency_source=note, request=request,
-                      step_s=steps)
+                      step_s=steps, host_ms=host_ms, host_bound=bound, host_note=note_host or host_why)
+
+
+def _host_bound_cause(rows: list[ModeBreakdown], prediction: Prediction | None, specs: dict[str, str]
+                      ) -> str | None:
+    """The estimator's host-bound wording when its floor binds for a measured overlap mode, else None."""
+    if prediction is None or not prediction.host_bound or prediction.host_ms is None:
+        return None
+    modes = [r.mode for r in rows if r.mode != "baseline" and _estimator_name(r.mode, specs) in prediction.host_bound]
+    if not modes:
+        return None
+    if prediction.host_note and prediction.host_note.startswith("host-bound"):
+        return prediction.host_note
+    from moe_overlap.skill.estimate.host import host_factor
+
+    name = _estimator_name(modes[0], specs)
+    return (f"host-bound: overlap cannot help {', '.join(modes)}. The host takes {prediction.host_ms:.3f} ms to "
+            f"issue one layer's forward + backward, x{host_factor(name, 1):.3f} with {name}, longer than that "
+            "schedule's GPU timeline, so the estimator's step is the host's issue time. Cut host work first "
+            "(CUDA graphs, fewer small ops, larger micro-batches)")
+
+
+def _estimator_name(mode: str, specs: dict[str, str]) -> str | None:
+    return "1f1b+wgrad" if mode == "overlap+wgrad" else _ESTIMATOR_SCHEDULE.get(specs.get(mode, ""))
 
 
 def _explanation(rows: list[ModeBreakdown], comparisons: dict[str, dict[str, Any]], pieces: StepPieces | None,
-                 cfg: VerifyConfig, nproc: int, device: str, fabric: str, transport: str) -> Explanation | None:
+                 cfg: VerifyConfig, nproc: int, device: str, fabric: str, transport: str,
+                 host_cause: str | None = None) -> Explanation | None:
     base = next((r for r in rows if r.mode == "baseline"), None)
     others = [r for r in rows if r.mode != "baseline" and r.measured_ratio is not None]
     if base is None or base.step_s is None or len(rows) < 2:
@@ -151,7 +181,11 @@ def _explanation(rows: list[ModeBreakdown], comparisons: dict[str, dict[str, Any
                            ceiling_ratio=round(ceiling, 4) if ceiling else None)
     best_c = comparisons.get(best.mode, {})
     noisy = best_c.get("change") == "no clear change" and best_c.get("half_width", 0.0) > NOISY_HALF_WIDTH
-    if share < SMALL_COMM_SHARE and ceiling:
+    if host_cause:
+        # The host issuing the layers sets the pace: no GPU overlap shortens a step the host has not queued.
+        # (its advice goes to what_would_change_it below)
+        cause = host_cause.split(". Cut host work first", 1)[0]
+    elif share < SMALL_COMM_SHARE and ceiling:
         cause = (f"all-to-all is {share:.0%} of the step on {link} ({pieces.comm_s * ms:.1f} of "
                  f"{base.step_s * ms:.1f} ms); overlap can hide at most that (x{ceiling:.2f} at best)")
     elif noisy:
@@ -173,6 +207,9 @@ def _explanation(rows: list[ModeBreakdown], comparisons: dict[str, dict[str, Any
                  f"more than it hides (step {extra * ms:+.1f} ms against the baseline: smaller kernels, waits "
                  f"between micro-batches)")
     change = []
+    if host_cause:
+        change.append("less host work per layer: CUDA graphs, fewer small ops, larger micro-batches (the "
+                      "estimator's host floor, skill/estimate/host.py)")
     if noisy:
         steps = best_c.get("steps_to_settle")
         change.append((f"more steps (--steps {steps})" if steps else "more steps") +
@@ -209,7 +246,8 @@ def build_analysis(cfg: VerifyConfig, *, nproc: int, device: str, backend: str, 
     else:
         reason = "no pieces record: the run stopped before the end of training"
     rows = _breakdown(runs, comparisons, pieces)
-    prediction = _prediction(cfg, nproc, backend, pieces, rows, schedules)
-    explanation = _explanation(rows, comparisons, pieces, cfg, nproc, device, fabric, transport)
+    prediction = _prediction(cfg, nproc, backend, pieces, rows, schedules, device)
+    explanation = _explanation(rows, comparisons, pieces, cfg, nproc, device, fabric, transport,
+                               _host_bound_cause(rows, prediction, schedules))
     return Analysis(available=pieces is not None, reason=reason, pieces=pieces, modes=rows, prediction=prediction,
                     explanation=explanation)

@@ -9,6 +9,13 @@ model's MoE layers, piece by piece, as benchmarks/ep_overlap_body.py does for a 
   experts         forward, dgrad and wgrad GEMMs on the rows this rank received
   overlap probe   the dispatch all-to-all issued asynchronously (comm stream on CUDA, gloo's thread on CPU)
                   beside the experts' forward: the hidden share of the shorter of the two
+  layer (host)    each layer's forward + backward without overlap (attention, norms, the MoE layer's schedule
+                  "none", through autograd), from the layer's input in that forward: its time and its host
+                  issue time (how long the host took to queue it, read before the closing device sync, as
+                  benchmarks/ep_overlap_body.py's Clock does). Per layer and micro-batch it is the
+                  estimator's ``host_ms`` (skill/estimate/host.py). Timed one layer at a time after a sync,
+                  the host waits only on the layer's own router work at its count exchange, not on the GPU
+                  work of earlier layers as it does inside a training step (train.py, IssueClock)
 
 Routing is the model's own (not forced balanced), on the inputs each MoE layer saw in a forward of step 0's
 micro-batches, so the bytes and rows are those of the run. Each timed call starts after a barrier of all ranks
@@ -30,17 +37,22 @@ import torch.distributed as dist
 
 ROUNDS = 3
 KEYS = ("count_exchange", "a2a", "experts_fwd", "experts_dgrad", "experts_wgrad", "probe_a2a", "probe_experts",
-        "probe_both")
+        "probe_both", "layer", "layer_host")
 
 
 def capture_moe_inputs(model, batches) -> list[list[torch.Tensor]]:
     """[layer][micro-batch] the input x_TD each MoE layer saw in a no-grad forward (a collective: all ranks)."""
+    return capture_inputs(model, batches, lambda blk: blk.moe)
+
+
+def capture_inputs(model, batches, module_of) -> list[list[torch.Tensor]]:
+    """[layer][micro-batch] the first input `module_of(block)` saw in a no-grad forward (a collective)."""
     inputs: list[list[torch.Tensor]] = [[] for _ in model.layers]
     handles = []
     for i, blk in enumerate(model.layers):
         def hook(_module, args, i=i):
             inputs[i].append(args[0].detach())
-        handles.append(blk.moe.register_forward_pre_hook(hook))
+        handles.append(module_of(blk).register_forward_pre_hook(hook))
     try:
         with torch.no_grad():
             for tokens_BS, labels_BS in batches:
@@ -63,11 +75,13 @@ class _Timer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def __call__(self, key: str, fn: Callable[[], Any]) -> Any:
+    def __call__(self, key: str, fn: Callable[[], Any], host_key: str | None = None) -> Any:
         dist.all_reduce(self._token, group=self.group)  # a barrier that needs no device id under NCCL
         self._sync()
         t0 = time.perf_counter()
         out = fn()
+        if host_key is not None:  # queued, not yet run (on CPU the same: every op runs as it is issued)
+            self.totals[host_key] += time.perf_counter() - t0
         self._sync()
         self.totals[key] += time.perf_counter() - t0
         return out
@@ -135,10 +149,23 @@ def _one_layer(timer: _Timer, layer, x_TD: torch.Tensor, group, counts_group, tr
         sizes["count_exchanges"] += 1 if world > 1 else 0
 
 
+def _layer_host(timer: _Timer, blk, x_BSD: torch.Tensor, g_BSD: torch.Tensor, counts_group, transport) -> None:
+    """One layer's forward + backward as the baseline computes it (no overlap), timed with its host issue time."""
+    x = x_BSD.clone().requires_grad_()
+
+    def fwd_bwd() -> None:
+        h_BSD = blk.attention(x)
+        y_TD, _aux = blk.moe(blk.norm2(h_BSD).flatten(0, 1), counts_group=counts_group, transport=transport)
+        (h_BSD + y_TD.view_as(h_BSD)).backward(g_BSD)
+    timer("layer", fwd_bwd, host_key="layer_host")
+
+
 def measure_pieces(model, batches, group, device: torch.device, *, counts_group=None, transport=None,
                    comm_stream=None, rounds: int = ROUNDS) -> dict[str, Any]:
     """One step's pieces, timed alone; the same dict on every rank (see the module docstring)."""
     inputs = capture_moe_inputs(model, batches)
+    block_inputs = capture_inputs(model, batches, lambda blk: blk.norm1)  # each layer's residual input x_BSD
+    grads = [[torch.randn_like(x) for x in xs] for xs in block_inputs]
     per_round: list[list[float]] = []
     sizes = dict.fromkeys(("a2a_bytes_off_rank", "rows_received", "expert_flops", "a2a_calls",
                            "count_exchanges"), 0)
@@ -149,6 +176,11 @@ def measure_pieces(model, batches, group, device: torch.device, *, counts_group=
                 for x_TD in xs:
                     _one_layer(timer, blk.moe, x_TD, group, counts_group, transport, comm_stream,
                                sizes if r == 1 else None)
+            with torch.enable_grad():
+                for blk, xs, gs in zip(model.layers, block_inputs, grads, strict=True):
+                    for x_BSD, g_BSD in zip(xs, gs, strict=True):
+                        _layer_host(timer, blk, x_BSD, g_BSD, counts_group, transport)
+            model.zero_grad(set_to_none=True)
             if r:
                 per_round.append([timer.totals[k] for k in KEYS])
     # The slowest rank's sums per round, then the median over rounds.
@@ -165,7 +197,10 @@ def measure_pieces(model, batches, group, device: torch.device, *, counts_group=
     probe_shorter = min(med["probe_a2a"], med["probe_experts"])
     efficiency = ((med["probe_a2a"] + med["probe_experts"] - med["probe_both"]) / probe_shorter
                   if probe_shorter > 0 and dist.get_world_size(group) > 1 else None)
+    layer_steps = max(1, len(inputs) * len(batches))
     return {
+        "layer_s": med["layer"], "layer_host_s": med["layer_host"],
+        "host_ms_per_layer": med["layer_host"] / layer_steps * 1e3,
         "comm_s": comm, "a2a_s": med["a2a"], "count_exchange_s": med["count_exchange"], "experts_s": experts,
         "experts_fwd_s": med["experts_fwd"], "experts_dgrad_s": med["experts_dgrad"],
         "experts_wgrad_s": med["experts_wgrad"],

@@ -98,11 +98,23 @@ def _analysis_lines(report: VerificationReport) -> list[str]:
                       f"{p.count_exchange_s * ms:.1f} ms, expert GEMMs {p.experts_s * ms:.1f} ms; overlap probe "
                       f"(one dispatch beside one expert forward): "
                       + (f"{p.probe.overlap_efficiency:.2f}" if p.probe.overlap_efficiency is not None else "n/a")
-                      + ". compute = baseline step - comm; exposed = step - compute (docs/verify.md)."]
+                      + ". compute = baseline step - comm; exposed = step - compute (docs/verify.md)."
+                      + (f" Layers alone, no overlap: {p.layer_s * ms:.1f} ms, of which the host took "
+                         f"{p.layer_host_s * ms:.1f} ms to issue ({p.host_ms_per_layer:.3f} ms per layer and "
+                         "micro-batch: the estimator's host_ms)." if p.layer_s is not None
+                         and p.layer_host_s is not None and p.host_ms_per_layer is not None else "")]
+    issued = [m for m in a.modes if m.host_issue_s is not None and m.step_s]
+    if issued:
+        lines += ["", "Host issue time per step (forward + backward queued, optimizer excluded; includes the "
+                      "host's waits at the count exchanges): " + ", ".join(
+                          f"{m.mode} {m.host_issue_s * ms:.1f} of {m.step_s * ms:.1f} ms" for m in issued) + "."]
     pr = a.prediction
     lines += ["", "Prediction: " + (pr.reason + (f"; overlap efficiency {pr.overlap_efficiency:.2f} "
                                                  f"({pr.efficiency_source})" if pr.overlap_efficiency is not None
                                                  else "") if pr.available else "not available: " + pr.reason)]
+    if pr.available and pr.host_note:
+        paced = (f" (predicted at the host's pace: {', '.join(pr.host_bound)})" if pr.host_bound else "")
+        lines += ["", f"Host: {pr.host_note}{paced}."]
     if a.explanation is not None:
         e = a.explanation
         lines += ["", "## Why", "", e.cause + "."]

@@ -44,6 +44,9 @@ class StepRecord(_Model):
     tokens_per_s: float = Field(ge=0)
     peak_memory_bytes: int = Field(ge=0, description="CUDA: max allocated during the step; CPU: peak RSS of the rank-0 process (all modes)")
     optimizer_s: float | None = Field(None, ge=0, description="the optimizer update alone, within step_time_s")
+    host_issue_s: float | None = Field(None, ge=0, description="host issue time of the forward + backward, within "
+                                       "step_time_s: until the host had queued its last work (verify/train.py, "
+                                       "IssueClock); None: not recorded (older runs)")
 
 
 class ModeRun(_Model):

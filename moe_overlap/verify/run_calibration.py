@@ -7,6 +7,8 @@ the overlap probe) are rates of this machine and this transport, measured in the
   a2a_latency_us      one count exchange (a few bytes per rank): the fixed cost of one collective
   a2a_gbps            bytes one rank sends off-rank per all-to-all / (its time alone - that latency)
   overlap_efficiency  the probe's hidden share (one dispatch beside one expert forward), clipped to [0, 1]
+  host_ms             the layers' host issue time per layer and micro-batch (timed alone, no overlap): the
+                      estimator's host floor; CUDA runs only (host_floor_input says why), absent in older runs
 
 `moe-overlap estimate --from-run DIR` feeds them to the estimator for any shape; the report's own prediction
 (verify/explain.py) uses them for the run's shape.
@@ -17,6 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from moe_overlap.skill.estimate.model import Calibration
 from moe_overlap.verify.analysis_model import StepPieces
@@ -74,6 +78,20 @@ def calibration_from_pieces(pieces: StepPieces, *, backend: str, world: int, pre
     return cal, note
 
 
+def host_floor_input(pieces: StepPieces | None, device: str) -> tuple[float | None, str]:
+    """(host ms per layer and micro-batch for the estimator's floor, or None; why)."""
+    if pieces is None or not pieces.host_ms_per_layer:
+        return None, "no host floor: the layers' host issue time was not recorded (a run before it was)"
+    if device != "cuda":
+        # On CPU every op runs as the host issues it: the host time *is* the compute time, never a limit
+        # apart from it, so a floor would call every CPU run host-bound. What limits CPU overlap is gloo's
+        # thread sharing the cores with the compute (the overlap probe measures that).
+        return None, (f"no host floor on CPU: ops run as they are issued, so the host time "
+                      f"({pieces.host_ms_per_layer:.3f} ms per layer and micro-batch) is the compute time itself")
+    return pieces.host_ms_per_layer, (f"host floor: {pieces.host_ms_per_layer:.3f} ms per layer and micro-batch "
+                                      "to issue (the layers timed alone after training)")
+
+
 def load_run(path: str | Path) -> dict[str, Any]:
     """report.json of a verification run (a folder or the file itself)."""
     path = Path(path)
@@ -101,4 +119,14 @@ def calibration_from_run(path: str | Path) -> tuple[Calibration, dict[str, Any]]
                                                f"({data.get('started_at', '?')})")
     if cal is None:
         raise RunCalibrationError(f"{path}: {note}")
+    device = env.get("device") or ("cuda" if env.get("backend") == "nccl" else "cpu")
+    host_ms, _ = host_floor_input(StepPieces.model_validate(pieces), device)
+    tail = (f"; host floor {host_ms:.3f} ms per layer and micro-batch" if host_ms is not None
+            else "; no host floor (CPU run: host time is compute time)" if device != "cuda"
+            else "; no host floor (not recorded in this run)")
+    try:
+        cal = Calibration.model_validate({**cal.model_dump(), "host_ms": host_ms, "source": (cal.source + tail)[:1000]})
+    except ValidationError as exc:
+        raise RunCalibrationError(f"{path}: the run's host time cannot feed the estimator "
+                                  f"({exc.errors()[0]['msg']})") from None
     return cal, cfg

@@ -28,6 +28,7 @@ class ModeLine(BaseModel):
     comm_ms: float | None = None
     exposed_comm_ms: float | None = None
     overlap_efficiency: float | None = None
+    host_issue_ms: float | None = Field(None, description="host issue time of the step's forward + backward")
     peak_memory_mib: float | None = None
 
 
@@ -53,6 +54,7 @@ def verification_summary(report: VerificationReport) -> VerificationSummary:
         modes.append(ModeLine(mode=m.mode, measured_ratio=m.measured_ratio, predicted_ratio=m.predicted_ratio,
                               step_ms=_ms(m.step_s), compute_ms=_ms(m.compute_s), comm_ms=_ms(m.comm_s),
                               exposed_comm_ms=_ms(m.exposed_comm_s), overlap_efficiency=m.overlap_efficiency,
+                              host_issue_ms=_ms(m.host_issue_s),
                               peak_memory_mib=None if m.peak_memory_bytes is None
                               else round(m.peak_memory_bytes / 2**20, 1)))
     why = a.explanation if a else None

@@ -50,6 +50,41 @@ class Adam:
             p.grad = None
 
 
+class IssueClock:
+    """Host issue time of a step: when the host has queued the last work of the forward + backward.
+
+    forward_backward (ep/step.py) ends with the data-parallel gradient all-reduce, then reads the losses to
+    the host, which waits for the whole GPU step; so the stamp is taken when ``reduce_gradients`` returns,
+    the last work queued before that read. ep/ offers no hook for it, so ep.step's module attribute is wrapped
+    for the duration of the call (one thread steps; restored on exit). If ep/ stops calling it there, the
+    clock stays unstamped and the step records no host time rather than a wrong one.
+
+    What the window holds: embedding, every layer, LM head and loss of every micro-batch, the gradient
+    all-reduce; not the optimizer (timed on its own). It is host work plus the host's waits where the code
+    syncs: the batch check at the start and, at EP > 1, each count exchange (a device-to-host copy of the
+    router's counts, which on CUDA waits for all work queued before it). The benchmarks' host issue time
+    (benchmarks/ep_overlap_body.py, Clock) is the same reading around one layer, after a device sync.
+    """
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def __enter__(self) -> IssueClock:
+        from moe_overlap.ep import step as ep_step
+
+        self._module, self._original = ep_step, ep_step.reduce_gradients
+
+        def stamped(*args, **kwargs):
+            out = self._original(*args, **kwargs)
+            self.at = time.perf_counter()
+            return out
+        ep_step.reduce_gradients = stamped
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._module.reduce_gradients = self._original
+
+
 class InjectedFault(RuntimeError):
     """Raised by the test-only fault injection (crash:RANK:MODE:STEP)."""
 
@@ -158,9 +193,10 @@ class ModeRunner:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)  # the modes interleave: a per-step peak is per mode
         t0 = time.perf_counter()
-        result = forward_backward(self.model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
-                                  chunks=cfg.chunks, group=self.group, streams=self.comm_stream,
-                                  counts_group=self.counts_group, transport=self.transport)
+        with IssueClock() as issued:
+            result = forward_backward(self.model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
+                                      chunks=cfg.chunks, group=self.group, streams=self.comm_stream,
+                                      counts_group=self.counts_group, transport=self.transport)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t_opt = time.perf_counter()
@@ -170,15 +206,18 @@ class ModeRunner:
             torch.cuda.synchronize(device)
         t1 = time.perf_counter()
         dt, opt_dt = t1 - t0, t1 - t_opt
+        host_dt = issued.at - t0 if issued.at is not None else -1.0  # -1: not stamped on this rank
         local = [float(x) for x in result.losses]
         # all_gather, not all_reduce: every rank sums the same values in the same order (bitwise stable).
-        mine = torch.tensor([sum(local) / len(local), dt, opt_dt], dtype=torch.float64, device=device)
+        mine = torch.tensor([sum(local) / len(local), dt, opt_dt, host_dt], dtype=torch.float64, device=device)
         gathered = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(gathered, mine, group=self.group)
         rows = [g.tolist() for g in gathered]
         loss = sum(r[0] for r in rows) / self.world
         step_time = max(r[1] for r in rows)
         optimizer_time = max(r[2] for r in rows)
+        # The slowest rank's, like the step time; None when a rank could not stamp it.
+        host_issue = max(r[3] for r in rows) if min(r[3] for r in rows) >= 0 else None
         mem = peak_memory_bytes(device)
         for n in getattr(result, "notes", None) or []:
             if str(n) not in self.notes:
@@ -186,6 +225,7 @@ class ModeRunner:
         tps = self.tokens_per_step / step_time if step_time > 0 else 0.0
         self.emit("step", mode=spec.name, step=step, loss=loss, loss_hex=float(loss).hex(), step_time_s=step_time,
                   tokens_per_s=tps, peak_memory_bytes=mem, optimizer_s=optimizer_time,
+                  host_issue_s=host_issue,
                   local_losses=[x.hex() for x in local])
         self.log(f" [moe-overlap] mode {spec.name} | step {step + 1}/{cfg.steps} | lm loss {loss:.6f} | "
                  f"step time {step_time * 1000:.1f} ms | tokens/s {tps:.0f} | peak memory {mem / 2**20:.1f} MiB")

@@ -49,9 +49,20 @@ def test_default_verification_passes(tmp_path, monkeypatch):
     assert a.prediction.available and all(r.predicted_ratio for r in a.modes[1:])
     assert all(r.prediction_error is not None for r in a.modes[1:])
     assert a.explanation is not None and a.explanation.cause
+    # The host issue time: per step (within the step, the optimizer left out), and per layer for the estimator,
+    # recorded on CPU too but never fed to its host floor there (ops run as they are issued).
+    for run in report.runs:
+        assert all(0 < s.host_issue_s < s.step_time_s for s in run.steps), run.steps
+    assert all(row.host_issue_s is not None for row in a.modes)
+    assert a.pieces.layer_s > 0 and 0 < a.pieces.layer_host_s <= a.pieces.layer_s
+    assert a.pieces.host_ms_per_layer == pytest.approx(a.pieces.layer_host_s / 4 * 1e3)  # 2 layers x 2 micro-batches
+    assert a.prediction.host_ms is None and not a.prediction.host_bound
+    assert a.prediction.host_note.startswith("no host floor on CPU")
+    assert "host-bound" not in a.explanation.cause and "host-bound" not in report.summary
     assert report.environment.a2a_transport == "auto: CPU ranks: gloo" and report.environment.fabric == "native"
     md = (tmp_path / "run" / "report.md").read_text()
     assert "## Where the step time goes" in md and "predicted x" in md
+    assert "Host issue time per step" in md and "the estimator's host_ms" in md and "Host: no host floor on CPU" in md
     assert {"start", "mode", "step", "done"} <= {e["event"] for e in events}
     steps = [e for e in events if e["event"] == "step"]
     assert len(steps) == 12 and all("elapsed_s" in e for e in steps)
