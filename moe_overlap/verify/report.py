@@ -101,7 +101,7 @@ def _analysis_lines(report: VerificationReport) -> list[str]:
                       + ". compute = baseline step - comm; exposed = step - compute (docs/verify.md)."
                       + (f" Layers alone, no overlap: {p.layer_s * ms:.1f} ms, of which the host took "
                          f"{p.layer_host_s * ms:.1f} ms to issue ({p.host_ms_per_layer:.3f} ms per layer and "
-                         "micro-batch: the estimator's host_ms)." if p.layer_s is not None
+                         "micro-batch: the estimator's host_ms on CUDA)." if p.layer_s is not None
                          and p.layer_host_s is not None and p.host_ms_per_layer is not None else "")]
     issued = [m for m in a.modes if m.host_issue_s is not None and m.step_s]
     if issued:
