@@ -28,8 +28,12 @@ def _check(report, out, nproc: int) -> None:
     assert a.available and a.pieces.experts_s > 0 and a.pieces.model_of == "baseline"
     for row in a.modes:
         assert row.compute_s is not None and row.exposed_comm_s is not None and row.peak_memory_bytes > 0
+    # The host issue time, per step and per layer alone; on CUDA the latter feeds the estimator's host floor.
+    assert all(s.host_issue_s is not None and s.host_issue_s <= s.step_time_s for r in report.runs for s in r.steps)
+    assert 0 < a.pieces.layer_host_s <= a.pieces.layer_s and a.pieces.host_ms_per_layer > 0
     if nproc > 1:
         assert a.pieces.comm_s > 0 and a.prediction.available, a.prediction.reason
+        assert a.prediction.host_ms == a.pieces.host_ms_per_layer and a.prediction.request["host_ms"] > 0
         assert all(r.predicted_ratio for r in a.modes[1:]) and a.explanation is not None
     else:
         assert not a.prediction.available and "EP 1" in a.prediction.reason
