@@ -19,6 +19,7 @@ gradients (which already hold every rank's contribution through the all-to-alls)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +46,9 @@ class StepConfigError(ValueError):
 class StepResult:
     losses: list[float]  # LM loss of each micro-batch on this rank (aux losses excluded)
     notes: list[str] = field(default_factory=list)
+    # time.perf_counter() when the host had queued the step's last work (after the gradient reduction, before
+    # the losses are read back, which waits for the GPU): the host issue time's end, for the verification.
+    issued_at: float | None = None
 
 
 def check_step_options(schedule: str, delay_wgrad: bool, chunks: int, num_micro_batches: int) -> None:
@@ -121,7 +125,8 @@ def autograd_forward_backward(model, batches, *, layer_schedule: str, chunks: in
         objective.backward(torch.full_like(objective, scale))
         loss_ts.append(lm_loss.detach())
     reduce_gradients(model, group)
-    return StepResult(losses=torch.stack(loss_ts).float().tolist())
+    issued_at = time.perf_counter()
+    return StepResult(losses=torch.stack(loss_ts).float().tolist(), issued_at=issued_at)
 
 
 def forward_backward(
@@ -165,6 +170,7 @@ def forward_backward(
         run_sequential(runs)
     loss_ts = [r.loss for r in runs]
     reduce_gradients(model, group)
+    issued_at = time.perf_counter()
     # One host sync for all losses, at the very end (a .item() per micro-batch would stall the GPU).
     losses = torch.stack(loss_ts).float().tolist()
-    return StepResult(losses=losses, notes=notes)
+    return StepResult(losses=losses, notes=notes, issued_at=issued_at)

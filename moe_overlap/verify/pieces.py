@@ -15,7 +15,7 @@ model's MoE layers, piece by piece, as benchmarks/ep_overlap_body.py does for a 
                   benchmarks/ep_overlap_body.py's Clock does). Per layer and micro-batch it is the
                   estimator's ``host_ms`` (skill/estimate/host.py). Timed one layer at a time after a sync,
                   the host waits only on the layer's own router work at its count exchange, not on the GPU
-                  work of earlier layers as it does inside a training step (train.py, IssueClock)
+                  work of earlier layers as it does inside a training step (train.py: StepResult.issued_at)
 
 Routing is the model's own (not forced balanced), on the inputs each MoE layer saw in a forward of step 0's
 micro-batches, so the bytes and rows are those of the run. Each timed call starts after a barrier of all ranks

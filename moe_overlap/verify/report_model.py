@@ -46,7 +46,7 @@ class StepRecord(_Model):
     optimizer_s: float | None = Field(None, ge=0, description="the optimizer update alone, within step_time_s")
     host_issue_s: float | None = Field(None, ge=0, description="host issue time of the forward + backward, within "
                                        "step_time_s: until the host had queued its last work (verify/train.py, "
-                                       "IssueClock); None: not recorded (older runs)")
+                                       "ep.step.StepResult.issued_at); None: not recorded (older runs)")
 
 
 class ModeRun(_Model):

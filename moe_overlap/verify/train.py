@@ -50,41 +50,6 @@ class Adam:
             p.grad = None
 
 
-class IssueClock:
-    """Host issue time of a step: when the host has queued the last work of the forward + backward.
-
-    forward_backward (ep/step.py) ends with the data-parallel gradient all-reduce, then reads the losses to
-    the host, which waits for the whole GPU step; so the stamp is taken when ``reduce_gradients`` returns,
-    the last work queued before that read. ep/ offers no hook for it, so ep.step's module attribute is wrapped
-    for the duration of the call (one thread steps; restored on exit). If ep/ stops calling it there, the
-    clock stays unstamped and the step records no host time rather than a wrong one.
-
-    What the window holds: embedding, every layer, LM head and loss of every micro-batch, the gradient
-    all-reduce; not the optimizer (timed on its own). It is host work plus the host's waits where the code
-    syncs: the batch check at the start and, at EP > 1, each count exchange (a device-to-host copy of the
-    router's counts, which on CUDA waits for all work queued before it). The benchmarks' host issue time
-    (benchmarks/ep_overlap_body.py, Clock) is the same reading around one layer, after a device sync.
-    """
-
-    def __init__(self) -> None:
-        self.at: float | None = None
-
-    def __enter__(self) -> IssueClock:
-        from moe_overlap.ep import step as ep_step
-
-        self._module, self._original = ep_step, ep_step.reduce_gradients
-
-        def stamped(*args, **kwargs):
-            out = self._original(*args, **kwargs)
-            self.at = time.perf_counter()
-            return out
-        ep_step.reduce_gradients = stamped
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._module.reduce_gradients = self._original
-
-
 class InjectedFault(RuntimeError):
     """Raised by the test-only fault injection (crash:RANK:MODE:STEP)."""
 
@@ -193,10 +158,14 @@ class ModeRunner:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)  # the modes interleave: a per-step peak is per mode
         t0 = time.perf_counter()
-        with IssueClock() as issued:
-            result = forward_backward(self.model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
-                                      chunks=cfg.chunks, group=self.group, streams=self.comm_stream,
-                                      counts_group=self.counts_group, transport=self.transport)
+        # Host issue time: t0 to result.issued_at, when the host had queued the step's last work (after the
+        # gradient reduction, before the loss read-back that waits for the GPU); not the optimizer (timed on its
+        # own). It also holds the host's waits where the code syncs: the batch check and, at EP > 1, each count
+        # exchange (its device-to-host copy waits for the work queued before it). The benchmarks' host issue time
+        # (benchmarks/ep_overlap_body.py, Clock) is the same reading around one layer after a device sync.
+        result = forward_backward(self.model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
+                                  chunks=cfg.chunks, group=self.group, streams=self.comm_stream,
+                                  counts_group=self.counts_group, transport=self.transport)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t_opt = time.perf_counter()
@@ -206,7 +175,7 @@ class ModeRunner:
             torch.cuda.synchronize(device)
         t1 = time.perf_counter()
         dt, opt_dt = t1 - t0, t1 - t_opt
-        host_dt = issued.at - t0 if issued.at is not None else -1.0  # -1: not stamped on this rank
+        host_dt = result.issued_at - t0 if result.issued_at is not None else -1.0  # -1: not stamped on this rank
         local = [float(x) for x in result.losses]
         # all_gather, not all_reduce: every rank sums the same values in the same order (bitwise stable).
         mine = torch.tensor([sum(local) / len(local), dt, opt_dt, host_dt], dtype=torch.float64, device=device)

@@ -188,21 +188,38 @@ def test_report_validates_against_the_schema_with_and_without_the_fields(with_ho
         Draft202012Validator(json.loads(SCHEMA.read_text())).validate(bad)
 
 
-def test_issue_clock_stamps_after_the_gradient_reduction_and_restores_it(monkeypatch):
+def test_step_result_stamps_the_issue_time_after_the_gradient_reduction(monkeypatch, tmp_path):
+    """forward_backward's issued_at: after reduce_gradients (its last queued work), before it returns."""
     import time
 
-    from moe_overlap.ep import step as ep_step
-    from moe_overlap.verify.train import IssueClock
+    import torch.distributed as dist
 
-    calls = []
-    monkeypatch.setattr(ep_step, "reduce_gradients", lambda model, group: calls.append((model, group)))
-    stub = ep_step.reduce_gradients
-    with IssueClock() as clock:
-        assert clock.at is None and ep_step.reduce_gradients is not stub
+    from moe_overlap.ep import step as ep_step
+    from moe_overlap.ep.model import ModelConfig, MoETransformer
+
+    reduced = []
+    real = ep_step.reduce_gradients
+    monkeypatch.setattr(ep_step, "reduce_gradients",
+                        lambda model, group: (real(model, group), reduced.append(time.perf_counter())))
+    # One gloo rank: the step's gradient reduction is a collective.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        _check_issue_stamps(ep_step, MoETransformer(ModelConfig(), dist.group.WORLD), ModelConfig(), reduced)
+    finally:
+        dist.destroy_process_group()
+
+
+def _check_issue_stamps(ep_step, model, cfg, reduced) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, cfg.vocab_size, (2, 8), generator=gen),) * 2 for _ in range(2)]
+    for schedule, delay in (("none", False), ("1f1b", True), ("chunked", False)):
         before = time.perf_counter()
-        ep_step.reduce_gradients("model", "group")  # what forward_backward calls last before reading the losses
-        assert calls == [("model", "group")] and before <= clock.at <= time.perf_counter()
-    assert ep_step.reduce_gradients is stub
-    with pytest.raises(RuntimeError), IssueClock() as unstamped:
-        raise RuntimeError("a step that raised before its reduction")
-    assert ep_step.reduce_gradients is stub and unstamped.at is None
+        result = ep_step.forward_backward(model, batches, schedule=schedule, delay_wgrad=delay, chunks=2,
+                                          group=dist.group.WORLD)
+        after = time.perf_counter()
+        assert result.issued_at is not None and reduced and before <= reduced[-1] <= result.issued_at <= after
