@@ -27,7 +27,7 @@ import itertools
 
 import torch
 
-from .fused import available, triton
+from .fused import triton
 
 if triton is not None:
     import triton.language as tl
@@ -110,4 +110,4 @@ def block_transpose_indices(counts_AB: list[list[int]], device: torch.device):
     return sort_idx, unsort_idx
 
 
-__all__ = ["available", "block_transpose_indices", "permute_plan"]
+__all__ = ["block_transpose_indices", "permute_plan"]

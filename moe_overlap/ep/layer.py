@@ -97,8 +97,8 @@ class MoELayer(nn.Module):
         self.experts = GroupedExperts(self.num_local_experts, hidden, ffn, dtype=dtype, device=device,
                                       skip_init=skip_init)
         if seed is None or skip_init:
-            # Production-size benchmarks: the full fp32 [E, D, 2F] draw on the host would cost tens of GB
-            # and minutes per rank; the parameters keep their default random init, made on `device`.
+            # seed=None (production-size benchmarks): the full fp32 [E, D, 2F] draw on the host would cost tens
+            # of GB and minutes per rank; the parameters keep their default random init, made on `device`.
             return
         shard = shard_full_weights(init_full_weights(hidden, ffn, num_experts, seed), ep_rank, ep_size)
         with torch.no_grad():

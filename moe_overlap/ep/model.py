@@ -94,7 +94,7 @@ class Block(nn.Module):
         self.norm1 = nn.RMSNorm(cfg.hidden, eps=1e-6)
         self.attn = CausalSelfAttention(cfg.hidden, cfg.num_heads)
         self.norm2 = nn.RMSNorm(cfg.hidden, eps=1e-6)
-        # Its own seeded init is overwritten by init_parameters (one stream for the whole model).
+        # No init of its own: init_parameters writes every parameter of the model.
         self.moe = MoELayer(cfg.hidden, cfg.ffn, cfg.num_experts, cfg.topk, group, score=cfg.router_score,
                             force_balance=cfg.force_balance, skip_init=True)
 
@@ -114,9 +114,7 @@ class MoETransformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, group) for _ in range(cfg.num_layers))
         self.final_norm = nn.RMSNorm(cfg.hidden, eps=1e-6)
         self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
-        ep_rank = dist.get_rank(group) if group is not None else 0
-        ep_size = dist.get_world_size(group) if group is not None else 1
-        init_parameters(self, cfg.seed, ep_rank, ep_size)
+        init_parameters(self, cfg.seed, dist.get_rank(group) if group is not None else 0)
 
     def expert_parameters(self) -> list[nn.Parameter]:
         """Parameters sharded over the EP group (their gradient is local, never all-reduced)."""
@@ -153,7 +151,7 @@ class MoETransformer(nn.Module):
 
 
 @torch.no_grad()
-def init_parameters(model: MoETransformer, seed: int, ep_rank: int, ep_size: int) -> None:
+def init_parameters(model: MoETransformer, seed: int, ep_rank: int) -> None:
     """Deterministic init independent of EP size (see module docstring).
 
     Norm weights = 1; embeddings N(0, 1); every matrix N(0, 1/fan_in). Replicated parameters are drawn
