@@ -192,7 +192,7 @@ def _pieces(layer, x0, clock, comm):
         g_recv = clock("alone/a2a grad-combine", lambda: all_to_all_sync(g_ND, plan.recv_splits, plan.send_splits,
                                                                            group, tr))
         dy = sort_rows(g_recv, plan)
-        dx, wgi = clock("alone/experts dgrad", lambda: experts_dgrad(dy, xs, h, w1, w2, counts))
+        dx, wgi, _ = clock("alone/experts dgrad", lambda: experts_dgrad(dy, xs, h, w1, w2, counts))
         clock("alone/experts wgrad", lambda: experts_wgrad(wgi, w1, w2, counts))
         dxr = unsort_rows(dx, plan)
         clock("alone/a2a grad-dispatch", lambda: all_to_all_sync(dxr, plan.send_splits, plan.recv_splits, group,

@@ -141,6 +141,11 @@ def bench_permute(shape: dict, copy_gbps: float) -> dict:
         "unpermute": (lambda: dp.unpermute_rows(y, probs, plan), N * D * e2 + N * 4 + T * D * e2),
         "unpermute_backward": (lambda: dp.unpermute_rows_backward(g, y, probs, plan),
                                T * D * e2 + N * D * e2 + N * 4 + N * D * e2 + N * 4),
+        # EP 1: the weights applied by the experts (dispatcher.py), so the combine only sums and its
+        # backward is a gather of g, without reading y.
+        "unpermute_unweighted": (lambda: dp.unpermute_rows(y, None, plan), N * D * e2 + T * D * e2),
+        "unpermute_unweighted_backward": (lambda: dp.unpermute_rows_backward(g, None, None, plan),
+                                          T * D * e2 + N * D * e2),
     }
     res = {"sweep": sweep_unpermute(y, g, probs, plan, ops["unpermute"][1], ops["unpermute_backward"][1],
                                     copy_gbps)}

@@ -14,6 +14,10 @@ Forward (dispatch):
   4. sort_by_local_expert: regroup them by (local expert, source rank), the layout grouped GEMMs want.
 Combine is the exact inverse (unsort, reverse all-to-all, unpermute) and applies the routing weights:
   out_TD[t] = sum_k probs_TK[t, k] * y(t, k)        (in fp32, cast back to y's dtype)
+Where the rows never leave the rank (one-rank group: EP 1) the weights go to the experts instead, permuted
+like the rows (``permute_probs``), and are applied in the ffn space (experts.py): the combine then only
+sums, and its backward is a gather of the output gradient rather than a pass that also reads y [N, D]
+(measured in benchmarks/gpu_layer.py). At EP > 1 they stay here: moving them would add an all-to-all.
 
 Every step is a gather by a permutation, so every backward is a gather by the inverse permutation
 plus a fixed-order sum over K: deterministic on CPU and GPU (no scatter-add, no atomics).
@@ -41,9 +45,10 @@ class DispatchHandle:
     """What ``combine`` needs from ``dispatch``; frozen, nothing else is kept anywhere."""
 
     plan: DispatchPlan
-    probs_TK: torch.Tensor
+    probs_TK: torch.Tensor | None  # weights the combine applies; None when the experts apply them
     group: object
     transport: object = None  # transport.py copy engines, or None for the group's own all-to-all
+    probs_S: torch.Tensor | None = None  # [S] weights of the received rows, for the experts (EP 1), or None
 
 
 # ---------------------------------------------------------------- permute (plain steps)
@@ -64,6 +69,8 @@ def plan_permute(experts_TK: torch.Tensor, num_experts: int) -> PermutePlan:
 
 
 def permute_rows(x_TD: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
+    if fused.available(x_TD):  # the same copy; measured against index_select in benchmarks/gpu_layer.py
+        return fused.gather_rows(x_TD, plan.token_N)
     return x_TD.index_select(0, plan.token_N)
 
 
@@ -74,16 +81,22 @@ def permute_rows_backward(g_ND: torch.Tensor, plan: PermutePlan) -> torch.Tensor
     return g_TKD.sum(1)
 
 
-def unpermute_rows(y_ND: torch.Tensor, probs_TK: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
+def unpermute_rows(y_ND: torch.Tensor, probs_TK: torch.Tensor | None, plan: PermutePlan) -> torch.Tensor:
+    """out[t] = sum_k probs[t, k] * y(t, k) in fp32 (probs None: an unweighted sum), in y's dtype."""
     if fused.available(y_ND):  # same fp32 math, one read of y and one write of out (fused.py)
-        return fused.weighted_gather_sum(y_ND, plan.inv_perm_N, probs_TK.float(), plan.num_tokens, plan.topk)
+        p = None if probs_TK is None else probs_TK.float()
+        return fused.weighted_gather_sum(y_ND, plan.inv_perm_N, p, plan.num_tokens, plan.topk)
     y_TKD = y_ND.index_select(0, plan.inv_perm_N).view(plan.num_tokens, plan.topk, y_ND.shape[1])
+    if probs_TK is None:
+        return y_TKD.float().sum(1).to(y_ND.dtype)
     # Weighted sum in fp32 so bf16/fp16 results do not depend on K's rounding order.
     return (probs_TK.float().unsqueeze(-1) * y_TKD.float()).sum(1).to(y_ND.dtype)
 
 
 def unpermute_rows_backward(g_TD, y_ND, probs_TK, plan: PermutePlan):
-    """Returns (g_ND, g_probs_TK) for ``unpermute_rows``."""
+    """Returns (g_ND, g_probs_TK) for ``unpermute_rows``; unweighted (probs None): (g_TD[token_N], None)."""
+    if probs_TK is None:  # y(t, k) entered the sum unweighted: each row's gradient is its token's
+        return permute_rows(g_TD, plan), None
     if fused.available(y_ND):
         g_ND, g_probs = fused.weighted_gather_sum_backward(g_TD, y_ND, plan.inv_perm_N, probs_TK.float())
         return g_ND, g_probs.to(probs_TK.dtype)
@@ -139,19 +152,25 @@ class _UnpermuteFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y_ND, probs_TK, plan):
         ctx.plan = plan
-        ctx.save_for_backward(y_ND, probs_TK)
+        # Unweighted, the backward is a gather of g alone: y is not kept alive for it.
+        ctx.save_for_backward(*(() if probs_TK is None else (y_ND, probs_TK)))
         return unpermute_rows(y_ND, probs_TK, plan)
 
     @staticmethod
     def backward(ctx, g_TD):
-        y_ND, probs_TK = ctx.saved_tensors
+        y_ND, probs_TK = ctx.saved_tensors or (None, None)
         g_ND, g_probs = unpermute_rows_backward(g_TD, y_ND, probs_TK, ctx.plan)
         return g_ND, g_probs, None
 
 
-def unpermute(y_ND: torch.Tensor, probs_TK: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
-    """Autograd-aware inverse of :func:`permute` applying the routing weights -> out_TD."""
+def unpermute(y_ND: torch.Tensor, probs_TK: torch.Tensor | None, plan: PermutePlan) -> torch.Tensor:
+    """Autograd-aware inverse of :func:`permute` applying the routing weights (None: already applied) -> out_TD."""
     return _UnpermuteFn.apply(y_ND, probs_TK, plan)
+
+
+def permute_probs(probs_TK: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
+    """Autograd-aware: the weights in the rows' order, probs_N[i] = probs_TK.flatten()[perm_N[i]]."""
+    return _GatherPermFn.apply(probs_TK.reshape(-1), plan.perm_N, plan.inv_perm_N)
 
 
 def permute(x_TD: torch.Tensor, routing: Routing, num_experts: int) -> tuple[torch.Tensor, PermutePlan]:
@@ -179,21 +198,26 @@ def dispatch(x_TD: torch.Tensor, routing: Routing, *, num_experts: int, group, c
 
     Returns ``(recv_x_SD, tokens_per_local_expert, handle)``: rows grouped by local expert, their counts
     (a tuple of host ints summing to S; at EP 1 on CUDA the int64 device tensor, see counts.py), and the
-    frozen :class:`DispatchHandle` that :func:`combine` consumes. ``counts_group``: a host (gloo) group
+    frozen :class:`DispatchHandle` that :func:`combine` consumes; pass ``handle.probs_S`` to the experts
+    (None at EP > 1, where the combine applies the weights). ``counts_group``: a host (gloo) group
     for the count exchange (counts.py), None to use ``group``; ``transport``: transport.py copy engines
     instead of the group's all-to-all (None).
     """
     x_ND, pplan = permute(x_TD, routing, num_experts)
     plan = plan_for(pplan, num_experts, group, counts_group=counts_group)
-    # One rank: the all-to-all is the identity (skipped; its autograd wrapper would copy [N, D]).
-    if not _sort_is_identity(plan):
-        x_ND = all_to_all(x_ND, plan.recv_splits, plan.send_splits, group, transport)
+    if _sort_is_identity(plan):
+        # One rank: the all-to-all is the identity (skipped; its autograd wrapper would copy [N, D]), and
+        # the rows are the experts' rows in order: their weights go to the experts (module docstring).
+        probs_S = permute_probs(routing.probs_TK, pplan)
+        return x_ND, plan.tokens_per_local_expert, DispatchHandle(plan, None, group, transport, probs_S)
+    x_ND = all_to_all(x_ND, plan.recv_splits, plan.send_splits, group, transport)
     recv_SD = sort_by_local_expert(x_ND, plan)
     return recv_SD, plan.tokens_per_local_expert, DispatchHandle(plan, routing.probs_TK, group, transport)
 
 
 def combine(y_SD: torch.Tensor, handle: DispatchHandle) -> torch.Tensor:
-    """Inverse of :func:`dispatch`, weighting each expert output by its routing probability: [T, D]."""
+    """Inverse of :func:`dispatch`, weighting each expert output by its routing probability (unless the
+    experts did: ``handle.probs_S``): [T, D]."""
     plan = handle.plan
     y_ND = unsort_by_local_expert(y_SD, plan)
     if not _sort_is_identity(plan):

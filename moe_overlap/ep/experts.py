@@ -19,6 +19,13 @@ backward anyway, so the backward is explicit:
     dgrad: da = dy @ w2[j].T ; dh = swiglu'(h, da) ; dx = dh @ w1[j].T
     wgrad: dw2[j] = a.T @ dy ;  dw1[j] = x.T @ dh          (zeros for experts with no rows)
 
+Routing weights in the ffn space (``probs_S`` given, one fp32 weight per row): ``a = silu(gate) * up * p``,
+so ``y`` already carries the weight and the combine only sums. That is what the dispatcher does where the
+rows never leave their rank (EP 1): the combine's backward is then a plain gather of the output gradient,
+instead of a pass that also reads every expert output row [S, D] for the weights' gradient, which here
+comes from the [S, F] rows the SwiGLU backward reads anyway (dp = sum_f da * silu(gate) * up, fp32).
+Megatron-Core's grouped MLP applies the weights in its activation the same way.
+
 With a :class:`~moe_overlap.ep.wgrad.WgradStore`, the wgrad GEMMs are deferred into it as a closure.
 Determinism: every op here is a fixed sequence of GEMMs and elementwise ops (no atomics), so the
 same inputs give bitwise the same outputs; GEMMs over a different number of rows (another chunking)
@@ -138,27 +145,38 @@ def _gmm_wgrad(x_MK, dy_MN, counts, path, offs=None) -> torch.Tensor:
     return out
 
 
-def _swiglu(h_S2F: torch.Tensor) -> torch.Tensor:
+def _swiglu(h_S2F: torch.Tensor, probs_S: torch.Tensor | None = None) -> torch.Tensor:
     if fused.available(h_S2F):  # one pass instead of five (fp32 upcasts, silu, mul, downcast)
-        return fused.swiglu(h_S2F)
+        return fused.swiglu(h_S2F, probs_S)
     ffn = h_S2F.shape[1] // 2
     gate, up = h_S2F[:, :ffn].float(), h_S2F[:, ffn:].float()
-    return (torch.nn.functional.silu(gate) * up).to(h_S2F.dtype)
+    a = torch.nn.functional.silu(gate) * up
+    if probs_S is not None:  # (silu * up) * p: the fused kernel's order of the fp32 products
+        a = a * probs_S.float().unsqueeze(1)
+    return a.to(h_S2F.dtype)
 
 
-def _swiglu_backward(h_S2F: torch.Tensor, da_SF: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (dh [S, 2F], a [S, F]): the gradient and the recomputed activation for the w2 wgrad."""
+def _swiglu_backward(h_S2F: torch.Tensor, da_SF: torch.Tensor, probs_S: torch.Tensor | None = None):
+    """Returns (dh [S, 2F], a [S, F], dprobs [S] fp32 or None): the gradient, the recomputed activation
+    for the w2 wgrad (weighted like the forward's) and, with ``probs_S``, the weights' gradient."""
     if fused.available(h_S2F):
-        return fused.swiglu_backward(h_S2F, da_SF)
+        if probs_S is None:
+            return (*fused.swiglu_backward(h_S2F, da_SF), None)
+        return fused.swiglu_probs_backward(h_S2F, da_SF, probs_S)
     ffn = h_S2F.shape[1] // 2
     gate, up, da = h_S2F[:, :ffn].float(), h_S2F[:, ffn:].float(), da_SF.float()
     sig = torch.sigmoid(gate)
     silu = gate * sig
+    dprobs = None
+    if probs_S is not None:
+        p = probs_S.float().unsqueeze(1)
+        dprobs = (da * (silu * up)).sum(1)
+        da = da * p
     dgate = da * up * sig * (1.0 + gate * (1.0 - sig))
-    return torch.cat([dgate, da * silu], dim=1).to(h_S2F.dtype), _swiglu(h_S2F)
+    return torch.cat([dgate, da * silu], dim=1).to(h_S2F.dtype), _swiglu(h_S2F, probs_S), dprobs
 
 
-def _check_inputs(x_SD, w1, w2, counts) -> None:
+def _check_inputs(x_SD, w1, w2, counts, probs_S=None) -> None:
     check_dtype(x_SD.dtype, "x dtype")
     if x_SD.device != w1.device:
         raise ValueError(f"x device={x_SD.device} != expert weights device={w1.device}")
@@ -166,6 +184,9 @@ def _check_inputs(x_SD, w1, w2, counts) -> None:
         raise ValueError(f"x dtype={x_SD.dtype} != expert weights dtype={w1.dtype}")
     if x_SD.dim() != 2 or x_SD.shape[1] != w1.shape[1]:
         raise ValueError(f"x shape={tuple(x_SD.shape)}: expected [S, hidden={w1.shape[1]}]")
+    if probs_S is not None and (probs_S.shape != (x_SD.shape[0],) or probs_S.device != x_SD.device):
+        raise ValueError(f"probs_S: shape {tuple(probs_S.shape)} on {probs_S.device}; need [{x_SD.shape[0]}] "
+                         f"(one routing weight per row) on {x_SD.device}")
     if isinstance(counts, torch.Tensor):  # device counts: their sum is not checked (it would sync the host)
         if counts.shape != (w1.shape[0],) or counts.device != x_SD.device:
             raise ValueError(f"tokens_per_expert: a device tensor of shape {tuple(counts.shape)} on "
@@ -176,27 +197,29 @@ def _check_inputs(x_SD, w1, w2, counts) -> None:
 
 
 # ------------------------------------------------------------ plain steps (schedules call these)
-def experts_forward(x_SD, w1, w2, counts, offs=None):
+def experts_forward(x_SD, w1, w2, counts, offs=None, probs_S=None):
     """Returns (y_SD, h_S2F); keep (x_SD, h_S2F) for the backward. ``offs``: the grouped-GEMM offsets
-    of ``counts`` when the caller already has them (built here otherwise)."""
-    _check_inputs(x_SD, w1, w2, counts)
+    of ``counts`` when the caller already has them (built here otherwise). ``probs_S``: fp32 routing
+    weights of the rows, applied in the ffn space (module docstring), or None."""
+    _check_inputs(x_SD, w1, w2, counts, probs_S)
     x_SD = x_SD.contiguous()
     path = expert_path(x_SD, w1, w2)
     offs = _offs_for(path, counts, x_SD.device) if offs is None or path != "grouped_mm" else offs
     h = _gmm(x_SD, w1, counts, path, offs)
-    return _gmm(_swiglu(h), w2, counts, path, offs), h
+    return _gmm(_swiglu(h, probs_S), w2, counts, path, offs), h
 
 
-def experts_dgrad(dy_SD, x_SD, h_S2F, w1, w2, counts, offs=None):
-    """Returns (dx_SD, wgrad_inputs); pass wgrad_inputs to :func:`experts_wgrad`. ``offs`` as in
-    :func:`experts_forward` (the forward's, reused: one offsets build per layer call)."""
+def experts_dgrad(dy_SD, x_SD, h_S2F, w1, w2, counts, offs=None, probs_S=None):
+    """Returns (dx_SD, wgrad_inputs, dprobs_S fp32 or None); pass wgrad_inputs to :func:`experts_wgrad`.
+    ``offs`` as in :func:`experts_forward` (the forward's, reused: one offsets build per layer call);
+    ``probs_S``: the forward's."""
     dy_SD = dy_SD.contiguous()
     path = expert_path(x_SD, w1, w2)
     offs = _offs_for(path, counts, x_SD.device) if offs is None or path != "grouped_mm" else offs
     da = _gmm(dy_SD, w2.transpose(-2, -1), counts, path, offs)
-    dh, a = _swiglu_backward(h_S2F, da)
+    dh, a, dprobs = _swiglu_backward(h_S2F, da, probs_S)
     dx = _gmm(dh, w1.transpose(-2, -1), counts, path, offs)
-    return dx, (x_SD, a, dh, dy_SD, offs)
+    return dx, (x_SD, a, dh, dy_SD, offs), dprobs
 
 
 def experts_wgrad(wgrad_inputs, w1, w2, counts):
@@ -222,20 +245,22 @@ def defer_or_return_wgrad(wgrad_inputs, w1, w2, counts, store: WgradStore | None
 
 class _ExpertsFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_SD, w1, w2, counts, store):
+    def forward(ctx, x_SD, w1, w2, probs_S, counts, store):
         offs = _offs_for(expert_path(x_SD, w1, w2), counts, x_SD.device)
-        y, h = experts_forward(x_SD, w1, w2, counts, offs)
-        ctx.save_for_backward(x_SD, h)
+        y, h = experts_forward(x_SD, w1, w2, counts, offs, probs_S)
+        ctx.save_for_backward(x_SD, h, probs_S)
         ctx.meta = (counts, store, w1, w2, offs)
         return y
 
     @staticmethod
     def backward(ctx, dy_SD):
-        x_SD, h = ctx.saved_tensors
+        x_SD, h, probs_S = ctx.saved_tensors
         counts, store, w1, w2, offs = ctx.meta
-        dx, wgrad_inputs = experts_dgrad(dy_SD, x_SD, h, w1.detach(), w2.detach(), counts, offs)
+        dx, wgrad_inputs, dprobs = experts_dgrad(dy_SD, x_SD, h, w1.detach(), w2.detach(), counts, offs, probs_S)
         dw1, dw2 = defer_or_return_wgrad(wgrad_inputs, w1, w2, counts, store)
-        return dx, dw1, dw2, None, None
+        if dprobs is not None:
+            dprobs = dprobs.to(probs_S.dtype)
+        return dx, dw1, dw2, dprobs, None, None
 
 
 class GroupedExperts(nn.Module):
@@ -253,12 +278,14 @@ class GroupedExperts(nn.Module):
         nn.init.normal_(self.w1, std=hidden ** -0.5)
         nn.init.normal_(self.w2, std=ffn ** -0.5)
 
-    def forward(self, x_SD: torch.Tensor, tokens_per_expert, wgrad_store: WgradStore | None = None):
+    def forward(self, x_SD: torch.Tensor, tokens_per_expert, wgrad_store: WgradStore | None = None,
+                probs_S: torch.Tensor | None = None):
         """x_SD grouped by local expert -> y_SD, same dtype. ``tokens_per_expert``: host ints, or an int64
-        device tensor (EP 1 on CUDA: no host sync on the grouped-GEMM path)."""
+        device tensor (EP 1 on CUDA: no host sync on the grouped-GEMM path). ``probs_S``: [S] routing
+        weights applied in the ffn space (module docstring), or None (the combine applies them)."""
         counts = tokens_per_expert if isinstance(tokens_per_expert, torch.Tensor) else \
             tuple(int(c) for c in tokens_per_expert)
-        return _ExpertsFn.apply(x_SD, self.w1, self.w2, counts, wgrad_store)
+        return _ExpertsFn.apply(x_SD, self.w1, self.w2, probs_S, counts, wgrad_store)
 
     def path_for(self, x_SD: torch.Tensor) -> str:
         return expert_path(x_SD, self.w1, self.w2)

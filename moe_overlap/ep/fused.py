@@ -36,7 +36,7 @@ def available(t: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _swiglu_fwd_kernel(h_ptr, a_ptr, n, ffn, BLOCK: tl.constexpr):
+    def _swiglu_fwd_kernel(h_ptr, a_ptr, p_ptr, n, ffn, HAS_P: tl.constexpr, BLOCK: tl.constexpr):
         i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = i < n
         row = i // ffn
@@ -44,7 +44,10 @@ if triton is not None:
         g = tl.load(h_ptr + base, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(h_ptr + base + ffn, mask=mask, other=0.0).to(tl.float32)
         silu = g / (1.0 + tl.exp(-g))
-        tl.store(a_ptr + i, (silu * u).to(a_ptr.dtype.element_ty), mask=mask)
+        a = silu * u
+        if HAS_P:  # the row's routing weight, applied in the ffn space (experts.py, "Routing weights")
+            a = a * tl.load(p_ptr + row, mask=mask, other=0.0)
+        tl.store(a_ptr + i, a.to(a_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _swiglu_bwd_kernel(h_ptr, da_ptr, dh_ptr, a_ptr, n, ffn, BLOCK: tl.constexpr):
@@ -64,6 +67,41 @@ if triton is not None:
         # The activation is recomputed here for the w2 weight gradient: one extra write instead of
         # keeping [S, F] alive from forward to backward.
         tl.store(a_ptr + i, (silu * u).to(a_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _swiglu_probs_bwd_kernel(h_ptr, da_ptr, p_ptr, dh_ptr, a_ptr, dp_ptr, ffn, BLOCK_F: tl.constexpr,
+                                 NUM_F_BLOCKS: tl.constexpr):
+        """One row per program: a = silu(g) * u * p, so dh = p * (the SwiGLU gradient of da) and
+        dp = sum_f da * silu(g) * u (fp32, f in order: deterministic); a is recomputed for the w2 wgrad."""
+        r = tl.program_id(0).to(tl.int64)
+        p = tl.load(p_ptr + r).to(tl.float32)
+        acc = tl.zeros([BLOCK_F], dtype=tl.float32)
+        out_ty = dh_ptr.dtype.element_ty
+        for b in range(NUM_F_BLOCKS):  # constexpr trip count (runs under TRITON_INTERPRET too)
+            f = b * BLOCK_F + tl.arange(0, BLOCK_F)
+            mask = f < ffn
+            g = tl.load(h_ptr + r * (2 * ffn) + f, mask=mask, other=0.0).to(tl.float32)
+            u = tl.load(h_ptr + r * (2 * ffn) + ffn + f, mask=mask, other=0.0).to(tl.float32)
+            da = tl.load(da_ptr + r * ffn + f, mask=mask, other=0.0).to(tl.float32)
+            sig = 1.0 / (1.0 + tl.exp(-g))
+            silu = g / (1.0 + tl.exp(-g))
+            act = silu * u
+            acc += da * act
+            dap = da * p
+            tl.store(dh_ptr + r * (2 * ffn) + f, (dap * u * sig * (1.0 + g * (1.0 - sig))).to(out_ty), mask=mask)
+            tl.store(dh_ptr + r * (2 * ffn) + ffn + f, (dap * silu).to(out_ty), mask=mask)
+            tl.store(a_ptr + r * ffn + f, (act * p).to(a_ptr.dtype.element_ty), mask=mask)
+        tl.store(dp_ptr + r, tl.sum(acc, axis=0))
+
+    @triton.jit
+    def _gather_rows_kernel(x_ptr, idx_ptr, out_ptr, D, BLOCK_D: tl.constexpr, NUM_D_BLOCKS: tl.constexpr):
+        """out[i] = x[idx[i]]: one program per output row, the row copied in BLOCK_D-wide pieces."""
+        i = tl.program_id(0).to(tl.int64)
+        src = tl.load(idx_ptr + i).to(tl.int64)
+        for b in range(NUM_D_BLOCKS):
+            d = b * BLOCK_D + tl.arange(0, BLOCK_D)
+            mask = d < D
+            tl.store(out_ptr + i * D + d, tl.load(x_ptr + src * D + d, mask=mask), mask=mask)
 
     @triton.jit
     def _unpermute_fwd_kernel(y_ptr, inv_ptr, p_ptr, out_ptr, D, K: tl.constexpr, K_PAD: tl.constexpr,
@@ -107,16 +145,18 @@ if triton is not None:
 _BLOCK = 1024
 FWD_BLOCK_D = 1024  # tile widths over D of the un-permute kernels (see the sweep in benchmarks/gpu_layer.py)
 BWD_BLOCK_D = 512
+GATHER_BLOCK_D = 1024  # 4 warps x 32 threads x 8 bf16: one 16-byte access per thread and step
 
 
-def swiglu(h_S2F: torch.Tensor) -> torch.Tensor:
-    """silu(h[:, :F]) * h[:, F:] in fp32, cast to h's dtype: [S, 2F] -> [S, F]."""
+def swiglu(h_S2F: torch.Tensor, probs_S: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(h[:, :F]) * h[:, F:] (* probs_S[:, None] if given) in fp32, cast to h's dtype: [S, 2F] -> [S, F]."""
     h = h_S2F.contiguous()
     rows, ffn = h.shape[0], h.shape[1] // 2
     a = h.new_empty((rows, ffn))
     n = rows * ffn
     if n:
-        _swiglu_fwd_kernel[(triton.cdiv(n, _BLOCK),)](h, a, n, ffn, BLOCK=_BLOCK)
+        p = h if probs_S is None else probs_S.float().contiguous()  # dummy pointer when HAS_P is False
+        _swiglu_fwd_kernel[(triton.cdiv(n, _BLOCK),)](h, a, p, n, ffn, HAS_P=probs_S is not None, BLOCK=_BLOCK)
     return a
 
 
@@ -129,6 +169,31 @@ def swiglu_backward(h_S2F: torch.Tensor, da_SF: torch.Tensor) -> tuple[torch.Ten
     if n:
         _swiglu_bwd_kernel[(triton.cdiv(n, _BLOCK),)](h, da, dh, a, n, ffn, BLOCK=_BLOCK)
     return dh, a
+
+
+def swiglu_probs_backward(h_S2F: torch.Tensor, da_SF: torch.Tensor, probs_S: torch.Tensor):
+    """Returns (dh [S, 2F], a [S, F] in h's dtype, dprobs [S] fp32) for ``swiglu(h, probs_S)``."""
+    h, da, p = h_S2F.contiguous(), da_SF.contiguous(), probs_S.float().contiguous()
+    rows, ffn = h.shape[0], h.shape[1] // 2
+    dh, a = torch.empty_like(h), h.new_empty((rows, ffn))
+    dp = torch.zeros(rows, dtype=torch.float32, device=h.device)
+    if rows and ffn:
+        block_f = min(_BLOCK, triton.next_power_of_2(ffn))
+        _swiglu_probs_bwd_kernel[(rows,)](h, da, p, dh, a, dp, ffn, BLOCK_F=block_f,
+                                          NUM_F_BLOCKS=triton.cdiv(ffn, block_f), num_warps=4)
+    return dh, a, dp
+
+
+def gather_rows(x_TD: torch.Tensor, idx_N: torch.Tensor) -> torch.Tensor:
+    """x_TD[idx_N] ([N, D], x's dtype): the permutation's row gather, a copy (bitwise index_select's)."""
+    x = x_TD.contiguous()
+    rows, dim = idx_N.shape[0], x.shape[1]
+    out = x.new_empty((rows, dim))
+    if rows and dim:
+        block_d = min(GATHER_BLOCK_D, triton.next_power_of_2(dim))
+        _gather_rows_kernel[(rows,)](x, idx_N, out, dim, BLOCK_D=block_d, NUM_D_BLOCKS=triton.cdiv(dim, block_d),
+                                     num_warps=4)
+    return out
 
 
 def _k_pad(k: int) -> int:

@@ -8,6 +8,8 @@ Nodes (Megatron-Core's fine-grained layer split: Megatron-LM `megatron/core/mode
     dispatch     (comm):    x_ND -- all-to-all --> recv_RD
     experts      (compute): sort by local expert, grouped SwiGLU experts, unsort -> y_RD
     combine      (comm):    y_RD -- all-to-all --> y_ND; out = h + unpermute(y_ND, probs)
+At EP 1 (a one-rank group) the routing weights go to the experts node instead, permuted like the rows, and
+the combine only sums (dispatcher.py's module docstring says why): the same ops as ``dispatch``/``combine``.
 
 Each compute island detaches its inputs into fresh leaves, runs under autograd, and keeps its outputs;
 its backward is `torch.autograd.backward(outputs, grads)` and hands the leaves' `.grad` to the node
@@ -33,7 +35,13 @@ from moe_overlap.ep.counts import (
     make_dispatch_plan,
     start_count_exchange,
 )
-from moe_overlap.ep.dispatcher import permute, sort_by_local_expert, unpermute, unsort_by_local_expert
+from moe_overlap.ep.dispatcher import (
+    permute,
+    permute_probs,
+    sort_by_local_expert,
+    unpermute,
+    unsort_by_local_expert,
+)
 from moe_overlap.ep.router import attach_aux_losses, route
 from moe_overlap.ep.streams import current_stream, record_event
 from moe_overlap.ep.wgrad import WgradStore
@@ -78,6 +86,7 @@ class LayerRun:
     def pre_forward(self, x_BSD: torch.Tensor) -> None:
         """pre-dispatch node: attention + norm + router + permute, then the counts exchange."""
         blk, moe = self.block, self.block.moe
+        self.local = group_size(self.ctx.group) == 1
         self.x_in = _leaf(x_BSD)
         with torch.enable_grad():
             self.h_BSD = blk.attention(self.x_in, self.ctx.store)
@@ -89,12 +98,13 @@ class LayerRun:
             # The router losses' gradients enter here, scaled like the micro-batch loss they belong to.
             scale = self.ctx.grad_scale
             self.x_ND = attach_aux_losses(x_ND, routing, self.aux_coeff * scale, moe.z_loss_coeff * scale)
-            self.probs_TK = routing.probs_TK
+            # The weights: [T, K] for the combine, or [N] in the rows' order for the experts (EP 1).
+            self.probs = permute_probs(routing.probs_TK, pplan) if self.local else routing.probs_TK
         # Splits must be host ints for the all-to-all: start moving the counts now (no host wait here);
         # plan_wait() blocks for them once the schedule has queued other compute (counts.py).
         self.pplan = pplan
         self.counts: CountsHandle | None = None
-        if group_size(self.ctx.group) > 1:
+        if not self.local:
             self.counts = start_count_exchange(pplan.tokens_per_expert_E.unsqueeze(0), moe.num_experts,
                                                self.ctx.group, counts_group=self.ctx.counts_group)
         # The dispatch waits for this event only, so it may be issued after unrelated compute.
@@ -123,11 +133,12 @@ class LayerRun:
     def experts_forward(self) -> None:
         """experts node: (source, expert) -> (expert, source) order, grouped SwiGLU, and back."""
         self.recv_in = _leaf(self.recv_RD)
+        self.probs_S_in = _leaf(self.probs) if self.local else None
         del self.recv_RD
         with torch.enable_grad():
             xs_RD = sort_by_local_expert(self.recv_in, self.plan)
             ys_RD = self.block.moe.experts(xs_RD, self.plan.tokens_per_local_expert,
-                                           wgrad_store=self.ctx.store)
+                                           wgrad_store=self.ctx.store, probs_S=self.probs_S_in)
             self.y_RD = unsort_by_local_expert(ys_RD, self.plan)
 
     def combine_forward_start(self) -> None:
@@ -139,7 +150,8 @@ class LayerRun:
         """combine node, second half: unpermute with the routing weights, add the residual."""
         self.y_ND_in = _leaf(self.handle.wait())
         self.handle = None
-        self.probs_in, self.h_in = _leaf(self.probs_TK), _leaf(self.h_BSD)
+        self.probs_in = None if self.local else _leaf(self.probs)
+        self.h_in = _leaf(self.h_BSD)
         with torch.enable_grad():
             y_TD = unpermute(self.y_ND_in, self.probs_in, self.plan.permute)
             self.out_BSD = self.h_in + y_TD.view_as(self.h_in)
@@ -151,7 +163,9 @@ class LayerRun:
         p = self.plan
         self.handle = all_to_all_async(self.y_ND_in.grad, p.recv_splits, p.send_splits, self.ctx.group,
                                        self.ctx.comm_stream, transport=self.ctx.transport)
-        self.g_probs_TK, self.g_h_BSD = self.probs_in.grad, self.h_in.grad
+        self.g_h_BSD = self.h_in.grad
+        if not self.local:
+            self.g_probs = self.probs_in.grad
         del self.out_BSD, self.y_ND_in, self.probs_in, self.h_in
 
     def combine_backward_wait(self) -> None:
@@ -161,7 +175,9 @@ class LayerRun:
     def experts_backward(self) -> None:
         """experts dgrad; with a WgradStore the weight gradients are deferred into it."""
         _backward([self.y_RD], [self.g_y_RD])
-        del self.y_RD, self.g_y_RD
+        if self.local:
+            self.g_probs = self.probs_S_in.grad
+        del self.y_RD, self.g_y_RD, self.probs_S_in
 
     def dispatch_backward_start(self) -> None:
         p = self.plan
@@ -175,9 +191,9 @@ class LayerRun:
 
     def pre_backward(self) -> torch.Tensor:
         """pre-dispatch backward: dgrad through router/norm/attention (attention wgrad deferred with a store)."""
-        _backward([self.h_BSD, self.x_ND, self.probs_TK], [self.g_h_BSD, self.g_x_ND, self.g_probs_TK])
+        _backward([self.h_BSD, self.x_ND, self.probs], [self.g_h_BSD, self.g_x_ND, self.g_probs])
         g_x = self.x_in.grad
-        del self.h_BSD, self.x_ND, self.probs_TK, self.g_h_BSD, self.g_x_ND, self.g_probs_TK, self.x_in
+        del self.h_BSD, self.x_ND, self.probs, self.g_h_BSD, self.g_x_ND, self.g_probs, self.x_in
         del self.plan
         return g_x
 

@@ -63,7 +63,7 @@ def run_none(x_TD, routing: Routing, experts: GroupedExperts, *, num_experts: in
              wgrad_store: WgradStore | None = None, counts_group=None, transport=None) -> torch.Tensor:
     recv_SD, per_expert, handle = dispatch(x_TD, routing, num_experts=num_experts, group=group,
                                            counts_group=counts_group, transport=transport)
-    y_SD = experts(recv_SD, per_expert, wgrad_store)
+    y_SD = experts(recv_SD, per_expert, wgrad_store, probs_S=handle.probs_S)
     return combine(y_SD, handle)
 
 
@@ -105,6 +105,9 @@ class _ChunkedMoE(torch.autograd.Function):
         cp, group, stream, tr = args.chunk_plan, args.group, args.comm_stream, args.transport
         num_chunks = len(cp.bounds)
 
+        # One rank: the weights go to the experts, as in dispatcher.dispatch (bitwise the "none" path).
+        local = group_size(group) == 1
+
         def start_dispatch(c):
             (a, b), plan = cp.bounds[c], cp.plans[c]
             x_ND = permute_rows(x_TD[a:b], plan.permute)
@@ -113,8 +116,8 @@ class _ChunkedMoE(torch.autograd.Function):
         def finish_combine(c):
             y_ND = inflight_combine[c].wait()
             a, b = cp.bounds[c]
-            y_NDs[c] = y_ND
-            outs[c] = unpermute_rows(y_ND, probs_TK[a:b], cp.plans[c].permute)
+            y_NDs[c] = None if local else y_ND
+            outs[c] = unpermute_rows(y_ND, None if local else probs_TK[a:b], cp.plans[c].permute)
 
         saved, y_NDs, outs = [None] * num_chunks, [None] * num_chunks, [None] * num_chunks
         inflight_dispatch, inflight_combine = {0: start_dispatch(0)}, {}
@@ -123,14 +126,16 @@ class _ChunkedMoE(torch.autograd.Function):
             if c + 1 < num_chunks:
                 inflight_dispatch[c + 1] = start_dispatch(c + 1)
             x_SD = sort_rows(inflight_dispatch.pop(c).wait(), plan)
-            y_SD, h = experts_forward(x_SD, w1, w2, plan.tokens_per_local_expert)
-            saved[c] = (x_SD, h)
+            a, b = cp.bounds[c]
+            p_S = probs_TK[a:b].reshape(-1).index_select(0, plan.permute.perm_N) if local else None
+            y_SD, h = experts_forward(x_SD, w1, w2, plan.tokens_per_local_expert, probs_S=p_S)
+            saved[c] = (x_SD, h, p_S)
             inflight_combine[c] = all_to_all_async(unsort_rows(y_SD, plan), plan.send_splits,
                                                    plan.recv_splits, group, stream, transport=tr)
             if c > 0:
                 finish_combine(c - 1)
         finish_combine(num_chunks - 1)
-        ctx.args, ctx.saved, ctx.y_NDs = args, saved, y_NDs
+        ctx.args, ctx.saved, ctx.y_NDs, ctx.local = args, saved, y_NDs, local
         ctx.save_for_backward(probs_TK)
         # The parameter objects themselves: deferred wgrad accumulates into their .grad.
         ctx.params = (w1, w2)
@@ -150,7 +155,8 @@ class _ChunkedMoE(torch.autograd.Function):
 
         def start_grad_dispatch(c):
             (a, b), plan = cp.bounds[c], cp.plans[c]
-            g_ND, g_probs[c] = unpermute_rows_backward(g_TD[a:b], ctx.y_NDs[c], probs_TK[a:b], plan.permute)
+            p_TK = None if ctx.local else probs_TK[a:b]
+            g_ND, g_probs[c] = unpermute_rows_backward(g_TD[a:b], ctx.y_NDs[c], p_TK, plan.permute)
             return all_to_all_async(g_ND, plan.recv_splits, plan.send_splits, group, stream, transport=tr)
 
         def finish_grad_combine(c):
@@ -162,9 +168,13 @@ class _ChunkedMoE(torch.autograd.Function):
             if c + 1 < num_chunks:
                 inflight_dispatch[c + 1] = start_grad_dispatch(c + 1)
             dy_SD = sort_rows(inflight_dispatch.pop(c).wait(), plan)
-            x_SD, h = ctx.saved[c]
+            x_SD, h, p_S = ctx.saved[c]
             ctx.saved[c] = None
-            dx_SD, wgrad_inputs[c] = experts_dgrad(dy_SD, x_SD, h, w1, w2, plan.tokens_per_local_expert)
+            dx_SD, wgrad_inputs[c], g_p_S = experts_dgrad(dy_SD, x_SD, h, w1, w2, plan.tokens_per_local_expert,
+                                                          probs_S=p_S)
+            if g_p_S is not None:  # back to (token, k) order, as permute_probs' backward does
+                a, b = cp.bounds[c]
+                g_probs[c] = g_p_S.to(probs_TK.dtype).index_select(0, plan.permute.inv_perm_N).view(b - a, probs_TK.shape[1])
             inflight_combine[c] = all_to_all_async(unsort_rows(dx_SD, plan), plan.send_splits,
                                                    plan.recv_splits, group, stream, transport=tr)
             if c + 1 == num_chunks:

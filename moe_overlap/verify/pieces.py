@@ -122,7 +122,7 @@ def _one_layer(timer: _Timer, layer, x_TD: torch.Tensor, group, counts_group, tr
     g_ND = torch.randn_like(x_ND)
     g_recv = timer("a2a", lambda: all_to_all_sync(g_ND, plan.recv_splits, plan.send_splits, group, **kw))
     dy = sort_rows(g_recv, plan)
-    dx, wgrad_inputs = timer("experts_dgrad", lambda: experts_dgrad(dy, xs, h, w1, w2, counts))
+    dx, wgrad_inputs, _ = timer("experts_dgrad", lambda: experts_dgrad(dy, xs, h, w1, w2, counts))
     timer("experts_wgrad", lambda: experts_wgrad(wgrad_inputs, w1, w2, counts))
     dxr = unsort_rows(dx, plan)
     timer("a2a", lambda: all_to_all_sync(dxr, plan.send_splits, plan.recv_splits, group, **kw))

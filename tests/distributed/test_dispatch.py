@@ -54,7 +54,14 @@ def _dispatch_body(rank, world, group):
         assert per_expert == tuple(want_counts)
         # Experts that multiply by (global id + 1): combine must give sum_k p_k (e_k + 1) x.
         scale = torch.cat([torch.full((c, 1), rank * local + j + 1.0) for j, c in enumerate(per_expert)])
-        out = combine(recv * scale, handle)
+        y = recv * scale
+        # One rank: the weights travel with the rows to the experts, which apply them (the combine only sums).
+        assert (handle.probs_S is not None) == (world == 1) and (handle.probs_TK is None) == (world == 1)
+        if handle.probs_S is not None:
+            want_p = torch.cat([probs.detach()[experts == e] for e in range(E)])  # expert-major, token order
+            assert torch.equal(handle.probs_S.detach(), want_p)
+            y = y * handle.probs_S.unsqueeze(1)
+        out = combine(y, handle)
         factor = (probs.detach() * (experts + 1).float()).sum(-1, keepdim=True)
         torch.testing.assert_close(out, factor * x.detach(), rtol=1e-6, atol=1e-6)
         out.sum().backward()

@@ -24,13 +24,33 @@ def test_swiglu_matches_torch(rows, ffn, monkeypatch):
 
     h = torch.randn(rows, 2 * ffn, device="cuda", dtype=torch.bfloat16)
     da = torch.randn(rows, ffn, device="cuda", dtype=torch.bfloat16)
-    a, (dh, a2) = experts._swiglu(h), experts._swiglu_backward(h, da)
+    a, (dh, a2, none) = experts._swiglu(h), experts._swiglu_backward(h, da)
     monkeypatch.setenv("MOE_OVERLAP_FUSED", "0")
-    ra, (rdh, ra2) = experts._swiglu(h), experts._swiglu_backward(h, da)
+    ra, (rdh, ra2, _) = experts._swiglu(h), experts._swiglu_backward(h, da)
+    assert none is None
     assert torch.equal(a, a2), "forward and backward must recompute the same activation"
     for got, want in ((a, ra), (dh, rdh), (a2, ra2)):
         assert _rel(got, want) < 4e-3
         assert ((got.float() - want.float()).abs() <= 2 ** -7 * want.float().abs() + 1e-6).all()
+
+
+@cuda
+@pytest.mark.parametrize("rows,ffn", [(1, 8), (37, 24), (4096, 768), (300, 2048), (5, 3000)])
+def test_swiglu_with_weights_matches_torch(rows, ffn, monkeypatch):
+    """Routing weights in the ffn space: the per-row kernel (dprobs summed in fixed order) vs torch."""
+    from moe_overlap.ep import experts
+
+    h = torch.randn(rows, 2 * ffn, device="cuda", dtype=torch.bfloat16)
+    da = torch.randn(rows, ffn, device="cuda", dtype=torch.bfloat16)
+    p = torch.rand(rows, device="cuda")
+    a, (dh, a2, dp) = experts._swiglu(h, p), experts._swiglu_backward(h, da, p)
+    monkeypatch.setenv("MOE_OVERLAP_FUSED", "0")
+    ra, (rdh, ra2, rdp) = experts._swiglu(h, p), experts._swiglu_backward(h, da, p)
+    assert torch.equal(a, a2), "forward and backward must recompute the same activation"
+    assert dp.dtype == torch.float32 and dp.shape == (rows,)
+    for got, want in ((a, ra), (dh, rdh), (a2, ra2)):
+        assert ((got.float() - want.float()).abs() <= 2 ** -7 * want.float().abs() + 1e-6).all()
+    torch.testing.assert_close(dp, rdp, rtol=1e-4, atol=1e-4 * ffn ** 0.5)
 
 
 @cuda
@@ -52,6 +72,26 @@ def test_unpermute_matches_torch(tokens, topk, experts_n, dim, monkeypatch):
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert _rel(a, b) < 4e-3
+
+
+@cuda
+@pytest.mark.parametrize("tokens,topk,experts_n,dim", [(3, 1, 2, 8), (257, 8, 16, 2048), (64, 6, 32, 7168),
+                                                       (50, 2, 4, 1000)])
+def test_row_gather_and_unweighted_unpermute_match_torch(tokens, topk, experts_n, dim, monkeypatch):
+    """The permute gather (a copy: bitwise) and the EP 1 combine (weights applied by the experts)."""
+    from moe_overlap.ep import dispatcher as dp
+
+    gen = torch.Generator().manual_seed(tokens)
+    ex = torch.stack([torch.randperm(experts_n, generator=gen)[:topk] for _ in range(tokens)]).cuda()
+    plan = dp.plan_permute(ex, experts_n)
+    x = torch.randn(tokens, dim, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(tokens * topk, dim, device="cuda", dtype=torch.bfloat16)
+    got = (dp.permute_rows(x, plan), dp.unpermute_rows(y, None, plan), dp.unpermute_rows_backward(x, None, None, plan))
+    monkeypatch.setenv("MOE_OVERLAP_FUSED", "0")
+    want = (dp.permute_rows(x, plan), dp.unpermute_rows(y, None, plan), dp.unpermute_rows_backward(x, None, None, plan))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2][0], want[2][0]) and got[2][1] is None
+    assert torch.equal(got[0], x.index_select(0, plan.token_N))
+    assert _rel(got[1], want[1]) < 4e-3
 
 
 @cuda

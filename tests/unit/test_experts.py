@@ -55,6 +55,37 @@ def test_forward_backward_match_autograd_of_naive_math(d, f, path, counts):
             assert not ex.w1.grad[e].any() and not ex.w2.grad[e].any()
 
 
+@pytest.mark.parametrize("d,f,path", [(8, 8, "grouped_mm"), (6, 3, "loop")])
+@pytest.mark.parametrize("counts", [(3, 0, 5), (2, 2, 2), (0, 0, 0)])
+def test_routing_weights_in_ffn_space_match_autograd(d, f, path, counts):
+    """probs_S: y = (silu(gate) * up * p) @ w2 per row; every gradient, the weights' included, from autograd
+    of that naive math in float64."""
+    ex, x = _make(d, f, counts)
+    if path == "grouped_mm" and not grouped_mm_supported("cpu", torch.float32):
+        pytest.skip("torch._grouped_mm unavailable on this CPU build")
+    p = torch.rand(sum(counts), generator=torch.Generator().manual_seed(2)) + 0.1
+    x1, p1 = x.clone().requires_grad_(), p.clone().requires_grad_()
+    y = ex(x1, counts, probs_S=p1)
+    w1 = ex.w1.detach().double().requires_grad_()
+    w2 = ex.w2.detach().double().requires_grad_()
+    x2, p2 = x.double().requires_grad_(), p.double().requires_grad_()
+    ffn, pieces, start = f, [], 0
+    for e, c in enumerate(counts):
+        h = x2[start:start + c] @ w1[e]
+        pieces.append((torch.nn.functional.silu(h[:, :ffn]) * h[:, ffn:] * p2[start:start + c, None]) @ w2[e])
+        start += c
+    y_ref = torch.cat(pieces) if pieces else x2.new_zeros(0, d)
+    torch.testing.assert_close(y.double(), y_ref, rtol=1e-5, atol=1e-6)
+    gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+    (y * gy).sum().backward()
+    if sum(counts):
+        (y_ref * gy.double()).sum().backward()
+        for got, want in ((x1.grad, x2.grad), (p1.grad, p2.grad), (ex.w1.grad, w1.grad), (ex.w2.grad, w2.grad)):
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="probs_S: shape"):
+        ex(x, counts, probs_S=torch.ones(sum(counts) + 1))
+
+
 def test_deferred_wgrad_is_bitwise_the_immediate_one():
     counts = (4, 1, 0, 3)
     ex, x = _make(8, 8, counts)

@@ -1,4 +1,5 @@
-"""fused_index's Triton kernels against the torch path on CPU, through Triton's interpreter.
+"""fused_index's and fused.py's weighted-SwiGLU Triton kernels against the torch path on CPU, through
+Triton's interpreter.
 
 Runs only where Triton is importable (CUDA builds of torch ship it; CPU-only CI does not, and the GPU
 test tests/gpu/test_fused_gpu.py covers the compiled kernels). TRITON_INTERPRET must be set before the
@@ -42,4 +43,33 @@ def test_index_kernels_match_torch_under_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+SWIGLU_SCRIPT = textwrap.dedent("""
+    import torch
+    from moe_overlap.ep import experts, fused  # experts' own path is torch on CPU (fused.available: CUDA only)
+    for rows, ffn in [(1, 8), (37, 24), (5, 3000), (64, 768)]:
+        g = torch.Generator().manual_seed(rows)
+        h = torch.randn(rows, 2 * ffn, generator=g).to(torch.bfloat16)
+        da = torch.randn(rows, ffn, generator=g).to(torch.bfloat16)
+        p = torch.rand(rows, generator=g)
+        a, (dh, a2, dp) = fused.swiglu(h, p), fused.swiglu_probs_backward(h, da, p)
+        ra, (rdh, ra2, rdp) = experts._swiglu(h, p), experts._swiglu_backward(h, da, p)
+        assert torch.equal(a, a2), (rows, ffn)
+        for got, want in ((a, ra), (dh, rdh), (a2, ra2)):  # fp32 math rounded once: within one bf16 ulp
+            assert ((got.float() - want.float()).abs() <= 2 ** -7 * want.float().abs() + 1e-6).all(), (rows, ffn)
+        torch.testing.assert_close(dp, rdp, rtol=1e-4, atol=1e-4 * ffn ** 0.5)
+    for rows, dim in [(1, 8), (40, 1000), (9, 3000)]:  # the permutation's row gather: a copy, bitwise
+        x = torch.randn(rows, dim).to(torch.bfloat16)
+        idx = torch.randint(0, rows, (3 * rows,))
+        assert torch.equal(fused.gather_rows(x, idx), x.index_select(0, idx)), (rows, dim)
+    print("ok")
+""")
+
+
+def test_weighted_swiglu_kernels_match_torch_under_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", SWIGLU_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
