@@ -15,7 +15,7 @@ Forward (dispatch):
 Combine is the exact inverse (unsort, reverse all-to-all, unpermute) and applies the routing weights:
   out_TD[t] = sum_k probs_TK[t, k] * y(t, k)        (in fp32, cast back to y's dtype)
 Where the rows never leave the rank (one-rank group: EP 1) the weights go to the experts instead, permuted
-like the rows (``permute_probs``), and are applied in the ffn space (experts.py): the combine then only
+like the rows (``permute(..., with_probs=True)``), and are applied in the ffn space (experts.py): the combine then only
 sums, and its backward is a gather of the output gradient rather than a pass that also reads y [N, D]
 (measured in benchmarks/gpu_layer.py). At EP > 1 they stay here: moving them would add an all-to-all.
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from . import fused, fused_index
-from .all_to_all import all_to_all
+from .all_to_all import all_to_all, group_size
 from .counts import DispatchPlan, PermutePlan, plan_for
 from .router import Routing
 
@@ -69,8 +69,8 @@ def plan_permute(experts_TK: torch.Tensor, num_experts: int) -> PermutePlan:
 
 
 def permute_rows(x_TD: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
-    if fused.available(x_TD):  # the same copy; measured against index_select in benchmarks/gpu_layer.py
-        return fused.gather_rows(x_TD, plan.token_N)
+    # index_select's gather ran at 3.1-3.2 TB/s on an H200; a Triton row gather was no faster (0.171 vs
+    # 0.166 ms at the DeepSeek-V3 shape) and cost more host time per launch (benchmarks/gpu_layer.py, permute).
     return x_TD.index_select(0, plan.token_N)
 
 
@@ -124,14 +124,23 @@ def unsort_rows(y_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
 
 # ---------------------------------------------------------------- autograd wrappers
 class _PermuteFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_TD, plan):
-        ctx.plan = plan
-        return permute_rows(x_TD, plan)
+    """x_ND = x_TD[token_N]; with probs_TK also probs_N = probs_TK.flatten()[perm_N] (the rows' weights, for
+    experts that apply them), in the same autograd node: one node fewer to issue per layer and step."""
 
     @staticmethod
-    def backward(ctx, g_ND):
-        return permute_rows_backward(g_ND, ctx.plan), None
+    def forward(ctx, x_TD, probs_TK, plan):
+        ctx.plan = plan
+        x_ND = permute_rows(x_TD, plan)
+        if probs_TK is None:
+            return x_ND, None
+        return x_ND, probs_TK.reshape(-1).index_select(0, plan.perm_N)
+
+    @staticmethod
+    def backward(ctx, g_ND, g_probs_N):
+        plan = ctx.plan
+        g_probs = None if g_probs_N is None else \
+            g_probs_N.index_select(0, plan.inv_perm_N).view(plan.num_tokens, plan.topk)
+        return permute_rows_backward(g_ND, plan), g_probs, None
 
 
 class _GatherPermFn(torch.autograd.Function):
@@ -168,15 +177,12 @@ def unpermute(y_ND: torch.Tensor, probs_TK: torch.Tensor | None, plan: PermutePl
     return _UnpermuteFn.apply(y_ND, probs_TK, plan)
 
 
-def permute_probs(probs_TK: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
-    """Autograd-aware: the weights in the rows' order, probs_N[i] = probs_TK.flatten()[perm_N[i]]."""
-    return _GatherPermFn.apply(probs_TK.reshape(-1), plan.perm_N, plan.inv_perm_N)
-
-
-def permute(x_TD: torch.Tensor, routing: Routing, num_experts: int) -> tuple[torch.Tensor, PermutePlan]:
-    """Autograd-aware step 1. Returns (x_ND sorted by global expert, plan)."""
+def permute(x_TD: torch.Tensor, routing: Routing, num_experts: int, *, with_probs: bool = False):
+    """Autograd-aware step 1. Returns (x_ND sorted by global expert, plan), or with ``with_probs``
+    (x_ND, probs_N, plan): the routing weights in the rows' order too, for experts that apply them (EP 1)."""
     plan = plan_permute(routing.experts_TK, num_experts)
-    return _PermuteFn.apply(x_TD, plan), plan
+    x_ND, probs_N = _PermuteFn.apply(x_TD, routing.probs_TK if with_probs else None, plan)
+    return (x_ND, probs_N, plan) if with_probs else (x_ND, plan)
 
 
 def sort_by_local_expert(recv_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
@@ -203,13 +209,14 @@ def dispatch(x_TD: torch.Tensor, routing: Routing, *, num_experts: int, group, c
     for the count exchange (counts.py), None to use ``group``; ``transport``: transport.py copy engines
     instead of the group's all-to-all (None).
     """
-    x_ND, pplan = permute(x_TD, routing, num_experts)
-    plan = plan_for(pplan, num_experts, group, counts_group=counts_group)
-    if _sort_is_identity(plan):
+    if group_size(group) == 1:
         # One rank: the all-to-all is the identity (skipped; its autograd wrapper would copy [N, D]), and
         # the rows are the experts' rows in order: their weights go to the experts (module docstring).
-        probs_S = permute_probs(routing.probs_TK, pplan)
+        x_ND, probs_S, pplan = permute(x_TD, routing, num_experts, with_probs=True)
+        plan = plan_for(pplan, num_experts, group, counts_group=counts_group)
         return x_ND, plan.tokens_per_local_expert, DispatchHandle(plan, None, group, transport, probs_S)
+    x_ND, pplan = permute(x_TD, routing, num_experts)
+    plan = plan_for(pplan, num_experts, group, counts_group=counts_group)
     x_ND = all_to_all(x_ND, plan.recv_splits, plan.send_splits, group, transport)
     recv_SD = sort_by_local_expert(x_ND, plan)
     return recv_SD, plan.tokens_per_local_expert, DispatchHandle(plan, routing.probs_TK, group, transport)

@@ -258,7 +258,7 @@ class _ExpertsFn(torch.autograd.Function):
         counts, store, w1, w2, offs = ctx.meta
         dx, wgrad_inputs, dprobs = experts_dgrad(dy_SD, x_SD, h, w1.detach(), w2.detach(), counts, offs, probs_S)
         dw1, dw2 = defer_or_return_wgrad(wgrad_inputs, w1, w2, counts, store)
-        if dprobs is not None:
+        if dprobs is not None and dprobs.dtype != probs_S.dtype:
             dprobs = dprobs.to(probs_S.dtype)
         return dx, dw1, dw2, dprobs, None, None
 

@@ -94,16 +94,6 @@ if triton is not None:
         tl.store(dp_ptr + r, tl.sum(acc, axis=0))
 
     @triton.jit
-    def _gather_rows_kernel(x_ptr, idx_ptr, out_ptr, D, BLOCK_D: tl.constexpr, NUM_D_BLOCKS: tl.constexpr):
-        """out[i] = x[idx[i]]: one program per output row, the row copied in BLOCK_D-wide pieces."""
-        i = tl.program_id(0).to(tl.int64)
-        src = tl.load(idx_ptr + i).to(tl.int64)
-        for b in range(NUM_D_BLOCKS):
-            d = b * BLOCK_D + tl.arange(0, BLOCK_D)
-            mask = d < D
-            tl.store(out_ptr + i * D + d, tl.load(x_ptr + src * D + d, mask=mask), mask=mask)
-
-    @triton.jit
     def _unpermute_fwd_kernel(y_ptr, inv_ptr, p_ptr, out_ptr, D, K: tl.constexpr, K_PAD: tl.constexpr,
                               HAS_P: tl.constexpr, BLOCK_D: tl.constexpr):
         """out[t, d] = sum_k p[t, k] * y[inv[t*K + k], d]  (fp32 sum, k in order of the tile)."""
@@ -145,7 +135,6 @@ if triton is not None:
 _BLOCK = 1024
 FWD_BLOCK_D = 1024  # tile widths over D of the un-permute kernels (see the sweep in benchmarks/gpu_layer.py)
 BWD_BLOCK_D = 512
-GATHER_BLOCK_D = 1024  # 4 warps x 32 threads x 8 bf16: one 16-byte access per thread and step
 
 
 def swiglu(h_S2F: torch.Tensor, probs_S: torch.Tensor | None = None) -> torch.Tensor:
@@ -176,24 +165,14 @@ def swiglu_probs_backward(h_S2F: torch.Tensor, da_SF: torch.Tensor, probs_S: tor
     h, da, p = h_S2F.contiguous(), da_SF.contiguous(), probs_S.float().contiguous()
     rows, ffn = h.shape[0], h.shape[1] // 2
     dh, a = torch.empty_like(h), h.new_empty((rows, ffn))
-    dp = torch.zeros(rows, dtype=torch.float32, device=h.device)
+    # The kernel writes every row's dp; with F == 0 they are empty sums (zeros). No fill kernel otherwise:
+    # this layer's host issue time is what bounds it at small shapes (benchmarks/gpu_layer.py, host ops).
+    dp = (torch.empty if ffn else torch.zeros)(rows, dtype=torch.float32, device=h.device)
     if rows and ffn:
         block_f = min(_BLOCK, triton.next_power_of_2(ffn))
         _swiglu_probs_bwd_kernel[(rows,)](h, da, p, dh, a, dp, ffn, BLOCK_F=block_f,
                                           NUM_F_BLOCKS=triton.cdiv(ffn, block_f), num_warps=4)
     return dh, a, dp
-
-
-def gather_rows(x_TD: torch.Tensor, idx_N: torch.Tensor) -> torch.Tensor:
-    """x_TD[idx_N] ([N, D], x's dtype): the permutation's row gather, a copy (bitwise index_select's)."""
-    x = x_TD.contiguous()
-    rows, dim = idx_N.shape[0], x.shape[1]
-    out = x.new_empty((rows, dim))
-    if rows and dim:
-        block_d = min(GATHER_BLOCK_D, triton.next_power_of_2(dim))
-        _gather_rows_kernel[(rows,)](x, idx_N, out, dim, BLOCK_D=block_d, NUM_D_BLOCKS=triton.cdiv(dim, block_d),
-                                     num_warps=4)
-    return out
 
 
 def _k_pad(k: int) -> int:

@@ -37,7 +37,6 @@ from moe_overlap.ep.counts import (
 )
 from moe_overlap.ep.dispatcher import (
     permute,
-    permute_probs,
     sort_by_local_expert,
     unpermute,
     unsort_by_local_expert,
@@ -94,12 +93,14 @@ class LayerRun:
             routing = route(z_TD, moe.router.weight, topk=moe.topk, score=moe.score, normalize=moe.normalize,
                             z_loss=moe.z_loss_coeff != 0,
                             force_balance=moe.force_balance)
-            x_ND, pplan = permute(z_TD, routing, moe.num_experts)
+            if self.local:  # the weights in the rows' order, for the experts (EP 1: dispatcher.py)
+                x_ND, self.probs, pplan = permute(z_TD, routing, moe.num_experts, with_probs=True)
+            else:
+                x_ND, pplan = permute(z_TD, routing, moe.num_experts)
+                self.probs = routing.probs_TK  # [T, K], for the combine
             # The router losses' gradients enter here, scaled like the micro-batch loss they belong to.
             scale = self.ctx.grad_scale
             self.x_ND = attach_aux_losses(x_ND, routing, self.aux_coeff * scale, moe.z_loss_coeff * scale)
-            # The weights: [T, K] for the combine, or [N] in the rows' order for the experts (EP 1).
-            self.probs = permute_probs(routing.probs_TK, pplan) if self.local else routing.probs_TK
         # Splits must be host ints for the all-to-all: start moving the counts now (no host wait here);
         # plan_wait() blocks for them once the schedule has queued other compute (counts.py).
         self.pplan = pplan

@@ -78,7 +78,8 @@ def test_unpermute_matches_torch(tokens, topk, experts_n, dim, monkeypatch):
 @pytest.mark.parametrize("tokens,topk,experts_n,dim", [(3, 1, 2, 8), (257, 8, 16, 2048), (64, 6, 32, 7168),
                                                        (50, 2, 4, 1000)])
 def test_row_gather_and_unweighted_unpermute_match_torch(tokens, topk, experts_n, dim, monkeypatch):
-    """The permute gather (a copy: bitwise) and the EP 1 combine (weights applied by the experts)."""
+    """The permute gather (a copy: bitwise) and the EP 1 combine (weights applied by the experts): its
+    backward is that gather of g, its forward the fused unweighted sum."""
     from moe_overlap.ep import dispatcher as dp
 
     gen = torch.Generator().manual_seed(tokens)
