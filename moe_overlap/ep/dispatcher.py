@@ -123,6 +123,10 @@ def unsort_rows(y_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- autograd wrappers
+def _gather_1d(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return fused.gather_1d(src, idx) if fused.available(src) else src.index_select(0, idx)
+
+
 class _PermuteFn(torch.autograd.Function):
     """x_ND = x_TD[token_N]; with probs_TK also probs_N = probs_TK.flatten()[perm_N] (the rows' weights, for
     experts that apply them), in the same autograd node: one node fewer to issue per layer and step."""
@@ -133,13 +137,13 @@ class _PermuteFn(torch.autograd.Function):
         x_ND = permute_rows(x_TD, plan)
         if probs_TK is None:
             return x_ND, None
-        return x_ND, probs_TK.reshape(-1).index_select(0, plan.perm_N)
+        return x_ND, _gather_1d(probs_TK.reshape(-1), plan.perm_N)
 
     @staticmethod
     def backward(ctx, g_ND, g_probs_N):
         plan = ctx.plan
         g_probs = None if g_probs_N is None else \
-            g_probs_N.index_select(0, plan.inv_perm_N).view(plan.num_tokens, plan.topk)
+            _gather_1d(g_probs_N, plan.inv_perm_N).view(plan.num_tokens, plan.topk)
         return permute_rows_backward(g_ND, plan), g_probs, None
 
 

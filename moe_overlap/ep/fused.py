@@ -94,6 +94,13 @@ if triton is not None:
         tl.store(dp_ptr + r, tl.sum(acc, axis=0))
 
     @triton.jit
+    def _gather_1d_kernel(src_ptr, idx_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < n
+        j = tl.load(idx_ptr + i, mask=mask, other=0)
+        tl.store(out_ptr + i, tl.load(src_ptr + j, mask=mask), mask=mask)
+
+    @triton.jit
     def _unpermute_fwd_kernel(y_ptr, inv_ptr, p_ptr, out_ptr, D, K: tl.constexpr, K_PAD: tl.constexpr,
                               HAS_P: tl.constexpr, BLOCK_D: tl.constexpr):
         """out[t, d] = sum_k p[t, k] * y[inv[t*K + k], d]  (fp32 sum, k in order of the tile)."""
@@ -173,6 +180,17 @@ def swiglu_probs_backward(h_S2F: torch.Tensor, da_SF: torch.Tensor, probs_S: tor
         _swiglu_probs_bwd_kernel[(rows,)](h, da, p, dh, a, dp, ffn, BLOCK_F=block_f,
                                           NUM_F_BLOCKS=triton.cdiv(ffn, block_f), num_warps=4)
     return dh, a, dp
+
+
+def gather_1d(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """src.flatten()[idx] (a copy: bitwise index_select's). Why a kernel for this: on CUDA a 1-D
+    index_select issues ~10 host ops (a gather, expands, strided views, a resize); the routing weights'
+    permutation runs twice per layer and step, and small layers are host-bound (benchmarks/gpu_layer.py)."""
+    out = src.new_empty(idx.shape)
+    n = idx.numel()
+    if n:
+        _gather_1d_kernel[(triton.cdiv(n, _BLOCK),)](src, idx, out, n, BLOCK=_BLOCK)
+    return out
 
 
 def _k_pad(k: int) -> int:

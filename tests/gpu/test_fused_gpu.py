@@ -93,6 +93,10 @@ def test_row_gather_and_unweighted_unpermute_match_torch(tokens, topk, experts_n
     assert torch.equal(got[0], want[0]) and torch.equal(got[2][0], want[2][0]) and got[2][1] is None
     assert torch.equal(got[0], x.index_select(0, plan.token_N))
     assert _rel(got[1], want[1]) < 4e-3
+    from moe_overlap.ep import fused
+
+    p = torch.rand(tokens * topk, device="cuda")
+    assert torch.equal(fused.gather_1d(p, plan.perm_N), p.index_select(0, plan.perm_N))
 
 
 @cuda

@@ -60,6 +60,9 @@ SWIGLU_SCRIPT = textwrap.dedent("""
         for got, want in ((a, ra), (dh, rdh), (a2, ra2)):  # fp32 math rounded once: within one bf16 ulp
             assert ((got.float() - want.float()).abs() <= 2 ** -7 * want.float().abs() + 1e-6).all(), (rows, ffn)
         torch.testing.assert_close(dp, rdp, rtol=1e-4, atol=1e-4 * ffn ** 0.5)
+    for n in (1, 1000, 5000):  # the weights' permutation: a copy, bitwise
+        src, idx = torch.rand(n), torch.randperm(n)
+        assert torch.equal(fused.gather_1d(src, idx), src.index_select(0, idx)), n
     print("ok")
 """)
 
