@@ -14,7 +14,11 @@ Torch-free, no GPU: it runs the estimator (moe_overlap/skill/estimate) on the an
   7.12 ms forward + 10.48 ms backward. Presets, then calibrated: the expert GEMM rate measured on an H200 at the
   anchor's per-rank shape (4 local experts x 8192 rows, benchmarks/gemm_rate.py; the file GEMM_RATE_FILE names,
   or --gemm-rate FILE: named, so a new measurement never changes the table silently; H100 SXM and H200 have the
-  same tensor-core peak, they differ in HBM), the other pieces (all-to-alls, gathers) from the presets.
+  same tensor-core peak, they differ in HBM); the memory-bound passes (gathers, sorts, SwiGLU, weight-gradient
+  accumulation) at the shares of HBM peak each kind achieved on an H200 at the same per-rank rows
+  (moe_overlap/skill/estimate/memrate.py reads the gpu_layer.py file MEM_RATE_FILE names, or --mem-rate FILE),
+  applied to H100 SXM's 3.35 TB/s; the all-to-alls from the presets. Both anchors' calibrated columns use the
+  memory shares (each at its own shape).
 * Our layer at EP >= 2 (benchmarks/ep_overlap.py via benchmarks/run_multi_gpu.sh; results files
   ep_overlap_cuda_r<N>*.json anywhere under benchmarks/results/): calibrated on the same run's pieces (expert GEMMs alone,
   all-to-alls alone, the rest of the no-overlap layer as fixed cost) and its host time (the host floor,
@@ -36,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from moe_overlap.skill.estimate import memrate  # noqa: E402
 from moe_overlap.skill.estimate.api import estimate_overlap_benefit, parse_request  # noqa: E402
 
 QWEN3 = dict(model="qwen3-30b-a3b", tokens=4096, ep=16, micro_batches=64, fabric="h100-nvlink+ib-400g",
@@ -43,6 +48,8 @@ QWEN3 = dict(model="qwen3-30b-a3b", tokens=4096, ep=16, micro_batches=64, fabric
 QWEN3_MEASURED = {"none": 41.25, "1f1b": 31.31, "1f1b+wgrad": 31.20}  # seconds per step
 PROXY = dict(model="deepseek-v3-proxy", tokens=4096, ep=8, fabric="h100-nvlink", gpu_preset="h100")
 PROXY_MEASURED_MS = 7.12 + 10.48
+QWEN3_SHAPE = {"hidden": 2048, "moe_ffn": 768}  # the model presets' (moe_overlap/skill/estimate/models.py)
+PROXY_SHAPE = {"hidden": 7168, "moe_ffn": 2048}
 LAYER_SHAPES = {"qwen3-30b-a3b": dict(hidden=2048, moe_ffn=768, experts=128, topk=8),
                 "deepseek-v3": dict(hidden=7168, moe_ffn=2048, experts=256, topk=8),
                 "dsv3-proxy": dict(hidden=7168, moe_ffn=2048, experts=32, topk=8)}
@@ -50,6 +57,9 @@ LAYER_SHAPES = {"qwen3-30b-a3b": dict(hidden=2048, moe_ffn=768, experts=128, top
 HOST_PROFILE = "benchmarks/results/h200x2_2026-11-29/profile_cuda_r2.json"
 GEMM_SHAPE = "dsv3-proxy-ep8"  # benchmarks/gemm_rate.py's name of the anchor's per-rank expert shape
 GEMM_RATE_FILE = "benchmarks/results/h200_2026-11-29_gemm/gemm_rate.json"  # one H200, 2026-11-29
+# Our layer at EP 1 on one H200, profiled kernel by kernel (python benchmarks/gpu_layer.py --sections experts layer):
+# the memory-bound passes' achieved shares of HBM peak, at the anchors' per-rank rows (4096 tokens x top-8).
+MEM_RATE_FILE = "benchmarks/results/h200x2_2026-11-29_r3/gpu_layer_after_router.json"
 PAIRS = 64  # micro-batches in the 1f1b estimate of one layer: edge effects (first forward, last backward) 1/64
 
 
@@ -64,12 +74,18 @@ def _row(what, quantity, predicted, measured, calibrated=None, source=""):
             "measured": measured, "error": err, "error_calibrated": cal_err, "source": source}
 
 
-def anchor_rows(gemm_rate_file: str | None = GEMM_RATE_FILE) -> list[dict]:
+def anchor_rows(gemm_rate_file: str | None = GEMM_RATE_FILE, mem_rate_file: str | None = MEM_RATE_FILE
+                ) -> list[dict]:
     rows = []
     s = _est(**QWEN3)
-    other = QWEN3_MEASURED["none"] * 1e3 - s["none"].step_ms  # unmodelled ms per step, never overlapped
-    c = _est(**QWEN3, other_ms=max(0.0, other))
-    src = "Megatron-Bridge skills/mbridge-perf-expert-parallel-overlap/SKILL.md"
+    qmem = mem_shares(mem_rate_file, QWEN3_SHAPE) if mem_rate_file else None
+    mem = {"hbm_efficiency": qmem.efficiency} if qmem else {}
+    # Calibrated: the memory shares measured at this shape, and the measured no-overlap step: what the model
+    # leaves out is the difference, never overlapped.
+    other = QWEN3_MEASURED["none"] * 1e3 - _est(**QWEN3, **mem)["none"].step_ms
+    c = _est(**QWEN3, **mem, other_ms=max(0.0, other))
+    src = "Megatron-Bridge skills/mbridge-perf-expert-parallel-overlap/SKILL.md" + (
+        f"; memory-bound shares of HBM peak: {qmem.efficiency.source}" if qmem else "")
     what = "Qwen3-30B-A3B, 16xH100 EP16"
     for name in ("none", "1f1b", "1f1b+wgrad"):
         rows.append(_row(what, f"step s, {name}", s[name].step_ms / 1e3, QWEN3_MEASURED[name],
@@ -78,11 +94,31 @@ def anchor_rows(gemm_rate_file: str | None = GEMM_RATE_FILE) -> list[dict]:
                      c["1f1b"].speedup, src))
     p = _est(**PROXY)
     rate, rate_file = gemm_rate(gemm_rate_file) if gemm_rate_file else (None, None)
-    cal = _est(**PROXY, tflops=rate)["none"].step_ms if rate else None
-    rows.append(_row("DeepSeek-V3 proxy layer, 8xH100 EP8", "fwd+bwd ms, no overlap", p["none"].step_ms,
-                     PROXY_MEASURED_MS, cal, "Megatron-LM moe_perf baseline"
-                     + (f"; GEMM rate {rate:g} TFLOP/s at its per-rank shape on an H200: {rate_file}" if rate else "")))
+    pmem = mem_shares(mem_rate_file, PROXY_SHAPE) if mem_rate_file else None
+    cal = dict({"tflops": rate} if rate else {}, **({"hbm_efficiency": pmem.efficiency} if pmem else {}))
+    cal_ms = _est(**PROXY, **cal)["none"].step_ms if cal else None
+    row = _row("DeepSeek-V3 proxy layer, 8xH100 EP8", "fwd+bwd ms, no overlap", p["none"].step_ms,
+               PROXY_MEASURED_MS, cal_ms, "Megatron-LM moe_perf baseline"
+               + (f"; GEMM rate {rate:g} TFLOP/s at its per-rank shape on an H200: {rate_file}" if rate else "")
+               + (f"; memory-bound shares of HBM peak: {pmem.efficiency.source}" if pmem else ""))
+    if cal:
+        row["terms_calibrated_ms"] = terms(_result(**PROXY, **cal))
+    row["terms_presets_ms"] = terms(_result(**PROXY))
+    rows.append(row)
     return rows
+
+
+def _result(**req):
+    return estimate_overlap_benefit(parse_request(req))
+
+
+def terms(r) -> dict[str, float]:
+    """The no-overlap layer's terms, ms (forward + backward, one micro-batch)."""
+    p = r.per_layer
+    return {"expert GEMMs": 3 * p.expert_fwd_ms, "all-to-alls": 4 * p.a2a_ms + 5 * p.a2a_latency_ms,
+            "permute/unpermute": p.permute_ms, "sort/unsort": p.sort_ms, "SwiGLU": p.activation_ms,
+            "wgrad accumulation": p.wgrad_write_ms, "router": 3 * p.router_fwd_ms,
+            "attention + overhead": 3 * p.attn_fwd_ms + p.overhead_ms}
 
 
 class InputError(ValueError):
@@ -101,6 +137,15 @@ def gemm_rate(path: str) -> tuple[float, str]:
         raise InputError(f"--gemm-rate {path}: no GPU measurement of shape {GEMM_SHAPE!r}; give the --out file of "
                          "`python benchmarks/gemm_rate.py --device cuda`")
     return float(shape["tflops"]), _label(str(full))
+
+
+def mem_shares(path: str, shape: dict) -> memrate.MemRate:
+    """The memory-bound shares of HBM peak measured at ``shape``'s hidden and FFN sizes in a gpu_layer.py file."""
+    full = Path(path) if Path(path).is_absolute() else ROOT / path
+    try:
+        return memrate.load(full, hidden=shape["hidden"], moe_ffn=shape["moe_ffn"], label=_label(str(full)))
+    except memrate.MemRateError as exc:
+        raise InputError(f"--mem-rate {exc}") from None
 
 
 def _label(path: str) -> str:
@@ -217,7 +262,11 @@ def markdown(rows: list[dict]) -> str:
     hosts = [f"- host floor of {r['what']}: {r['host_ms']:.2f} ms per layer"
              + (" (host-bound: overlap cannot help)" if r["host_bound"] else "") + f"; {r['host_source']}"
              for r in rows if r.get("host_ms")]
-    return "\n".join(lines + [""] + [f"- {s}" for s in sources] + hosts)
+    split = [f"- {r['what']}, {label}: " + ", ".join(f"{k} {v:.2f}" for k, v in r[key].items() if v)
+             + f" (sum {sum(r[key].values()):.2f})" for r in rows
+             for key, label in (("terms_presets_ms", "terms from presets, ms"),
+                                ("terms_calibrated_ms", "terms calibrated, ms")) if r.get(key)]
+    return "\n".join(lines + [""] + [f"- {s}" for s in sources] + hosts + split)
 
 
 def main() -> int:
@@ -228,11 +277,14 @@ def main() -> int:
                          "benchmarks/results/)")
     ap.add_argument("--gemm-rate", default=GEMM_RATE_FILE, help="benchmarks/gemm_rate.py JSON that calibrates the "
                     f"proxy anchor's GEMM term (default {GEMM_RATE_FILE}); '' for presets only")
+    ap.add_argument("--mem-rate", default=MEM_RATE_FILE, help="benchmarks/gpu_layer.py JSON whose profiled EP-1 "
+                    "layer gives the memory-bound passes' shares of HBM peak for both anchors' calibrated columns "
+                    f"(default {MEM_RATE_FILE}); '' for the presets' memory rate")
     args = ap.parse_args()
     files = args.results if args.results is not None else sorted(
         glob.glob(str(ROOT / "benchmarks" / "results" / "**" / "ep_overlap_cuda_r*.json"), recursive=True))
     try:
-        rows = anchor_rows(args.gemm_rate) + our_rows(files)
+        rows = anchor_rows(args.gemm_rate, args.mem_rate) + our_rows(files)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -150,6 +150,7 @@ ESTIMATE_FLAGS = {"--hidden": ints_text, "--moe-ffn": ints_text, "--experts": in
                   "--intra-gbps": floats_text, "--inter-gbps": floats_text, "--link-gbps": floats_text,
                   "--a2a-efficiency": floats_text, "--overlap-efficiency": floats_text, "--attn-ms": floats_text,
                   "--other-ms": floats_text, "--mem-gbps": floats_text, "--dense-tflops": floats_text,
+                  "--hbm-efficiency": floats_text, "--hbm-gbps": floats_text, "--mem-rate": short_text,
                   "--fabric": st.one_of(st.sampled_from(["h100-nvlink", "h100-nvlink+ib-400g", "x+y", "+", ""]),
                                         short_text),
                   "--gpu-preset": st.one_of(st.sampled_from(["h100", "h200", "x"]), short_text),

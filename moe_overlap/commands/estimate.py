@@ -14,6 +14,7 @@ _FIELDS = {
     "a2a_efficiency": "a2a_efficiency", "gpu_preset": "gpu_preset", "tflops": "tflops",
     "dense_tflops": "dense_tflops", "mem_gbps": "mem_gbps", "attn_ms": "attn_ms", "other_ms": "other_ms", "host_ms": "host_ms",
     "chunks": "chunks", "overlap_efficiency": "overlap_efficiency", "model": "model", "seq_length": "seq_length",
+    "hbm_efficiency": "hbm_efficiency", "hbm_gbps": "hbm_gbps",
 }
 
 
@@ -46,6 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--tflops", type=float, help="expert GEMM TFLOP/s")
     h.add_argument("--dense-tflops", type=float, help="router/dense GEMM TFLOP/s (default: --tflops)")
     h.add_argument("--mem-gbps", type=float, help="memory-bound kernel GB/s")
+    h.add_argument("--hbm-efficiency", type=float, help="achieved share of the GPU's HBM peak (--hbm-gbps or the "
+                   "--gpu-preset's) by every memory-bound pass, bytes as the estimator counts them (0 < x <= 2)")
+    h.add_argument("--mem-rate", metavar="FILE", help="the memory-bound passes' shares of HBM peak, one per kind, "
+                   "measured at this shape by `python benchmarks/gpu_layer.py --sections experts layer` (its JSON; "
+                   "e.g. benchmarks/results/h200x2_2026-11-29_r3/gpu_layer_after_router.json)")
+    h.add_argument("--hbm-gbps", type=float, help="HBM peak GB/s of the GPU the shares apply to (default: the "
+                   "--gpu-preset's datasheet value)")
     h.add_argument("--overlap-efficiency", type=float,
                    help="0..1, share of overlap achieved (default: the fabric preset's measured value, else the "
                         "calibration's, else 1)")
@@ -98,7 +106,12 @@ def run(args: argparse.Namespace) -> int:
         except CalibrationFailed as exc:
             raise CommandError(f"calibration failed: {exc}", exit_code=1,
                                fix="check that torch is installed and 2 processes can start") from None
+    if args.mem_rate is not None and args.hbm_efficiency is not None:
+        raise CommandError("--mem-rate and --hbm-efficiency both give the memory-bound shares", field="mem_rate",
+                           fix="keep one of them")
     try:
+        if args.mem_rate is not None:
+            data["hbm_efficiency"] = _mem_rate(args.mem_rate, parse_request(data))
         result = estimate_overlap_benefit(parse_request(data))
     except EstimateError as exc:
         flag = "--" + exc.field.split(".")[0].replace("_", "-")
@@ -107,3 +120,13 @@ def run(args: argparse.Namespace) -> int:
                            choices=exc.choices) from None
     emit(result, args.format, render_text(result))
     return EXIT_OK
+
+
+def _mem_rate(path: str, req) -> dict:
+    """The shares a gpu_layer.py file measured at the request's hidden and FFN sizes (model preset resolved)."""
+    from moe_overlap.skill.estimate.memrate import MemRateError, load
+
+    try:
+        return load(path, hidden=req.hidden, moe_ffn=req.moe_ffn).efficiency.model_dump()
+    except MemRateError as exc:
+        raise CommandError(str(exc), field="mem_rate", fix=exc.fix) from None

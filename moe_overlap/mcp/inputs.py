@@ -213,7 +213,10 @@ class EstimateInput(EstimateRequest):
         "intra_gbps": "intra-node GB/s per GPU and direction", "inter_gbps": "inter-node GB/s per GPU and "
         "direction", "a2a_efficiency": "achieved share of link bandwidth",
         "gpu_preset": "measured GEMM/memory rates (else tflops)", "tflops": "expert GEMM TFLOP/s",
-        "dense_tflops": "dense GEMM TFLOP/s", "mem_gbps": "memory-bound kernel GB/s", "attn_ms": "attention "
+        "dense_tflops": "dense GEMM TFLOP/s", "mem_gbps": "memory-bound kernel GB/s",
+        "hbm_efficiency": "achieved share of HBM peak of the memory-bound passes: a number, or {gather, sort, "
+        "activation, wgrad, source} (measured: `moe-overlap estimate --mem-rate FILE --format json`)",
+        "hbm_gbps": "HBM peak GB/s (default: gpu_preset's)", "attn_ms": "attention "
         "forward ms per layer and micro-batch", "overhead_ms": "host ms per layer and micro-batch",
         "host_ms": "host issue ms of one layer fwd+bwd (no overlap): floor of every schedule",
         "other_ms": "ms per step outside the layers", "chunks": "chunks of the chunked schedule",

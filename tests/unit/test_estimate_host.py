@@ -144,7 +144,7 @@ def test_anchors_gemm_rate_is_the_named_file(anchors, tmp_path):
     rate, label = anchors.gemm_rate(anchors.GEMM_RATE_FILE)
     assert label == anchors.GEMM_RATE_FILE and 100 < rate < 2000
     cal = next(r for r in anchors.anchor_rows() if r["what"].startswith("DeepSeek-V3 proxy"))
-    bare = next(r for r in anchors.anchor_rows(None) if r["what"].startswith("DeepSeek-V3 proxy"))
+    bare = next(r for r in anchors.anchor_rows(None, None) if r["what"].startswith("DeepSeek-V3 proxy"))
     assert cal["predicted_calibrated"] < cal["predicted"] and bare["predicted_calibrated"] is None
     assert anchors.GEMM_RATE_FILE in cal["source"]
     cpu = tmp_path / "cpu.json"

@@ -25,6 +25,7 @@ from moe_overlap.skill.estimate.model import (
     Calibration,
     EstimateRequest,
     EstimateResult,
+    MemoryEfficiency,
     PerLayer,
     ResolvedHardware,
     ScheduleEstimate,
@@ -130,16 +131,22 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
         raise EstimateError("gpu_preset", "no GEMM throughput", "pass gpu_preset (h100, h200), tflops, or calibrate",
                             choices=sorted(hw.GPUS))
     dense = req.dense_tflops or (gpu.dense_tflops if gpu else None) or (cal.dense_tflops if cal else None) or tflops
-    mem = req.mem_gbps or (gpu.mem_gbps if gpu else None) or (cal.mem_gbps if cal else None)
+    hbm, mem_eff = _hbm(req, gpu)
+    if mem_eff is not None:
+        sources.append(f"memory-bound passes at {mem_eff.gather:.3f} (gather), {mem_eff.sort:.3f} (sort), "
+                       f"{mem_eff.activation:.3f} (SwiGLU), {mem_eff.wgrad:.3f} (wgrad) of {hbm:g} GB/s HBM "
+                       f"({'hbm_gbps' if req.hbm_gbps else gpu.hbm_source}); shares: {mem_eff.source}")
+    mem = (hbm * mem_eff.sort if mem_eff else None) or req.mem_gbps or (gpu.mem_gbps if gpu else None) or (
+        cal.mem_gbps if cal else None)
     # The calibration's per-element costs describe our kernels on the calibrated machine: used only when
     # no preset or explicit memory rate says which machine this is.
-    per_elem = cal if cal and not (gpu or req.mem_gbps) else None
+    per_elem = cal if cal and not (gpu or req.mem_gbps or mem_eff) else None
     overhead = req.overhead_ms if req.overhead_ms is not None else (cal.overhead_ms if cal else 0.0)
     host_ms = req.host_ms if req.host_ms is not None else (cal.host_ms if cal else None)
     if cal:
         sources.append(f"calibration: {cal.source}")
     return ResolvedHardware(
-        expert_tflops=tflops, dense_tflops=dense, mem_gbps=mem,
+        expert_tflops=tflops, dense_tflops=dense, mem_gbps=mem, hbm_gbps=hbm, mem_efficiency=mem_eff,
         intra_gbps=intra_gbps, inter_gbps=inter_gbps, a2a_efficiency=eff,
         act_ns_per_elem=per_elem.act_ns_per_elem if per_elem else None,
         perm_ns_per_elem=per_elem.perm_ns_per_elem if per_elem else None,
@@ -147,6 +154,23 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
         intra_latency_us=intra_lat, inter_latency_us=inter_lat,
         **_overlap_efficiency(req, intra, inter, multi_node), sources=sources,
     )
+
+
+def _hbm(req: EstimateRequest, gpu: hw.GpuPreset | None) -> tuple[float | None, MemoryEfficiency | None]:
+    """(HBM peak GB/s, shares per kind of pass) when hbm_efficiency is given, else (None, None)."""
+    if req.hbm_efficiency is None:
+        if req.hbm_gbps is not None:
+            raise EstimateError("hbm_gbps", "only applies with hbm_efficiency (the achieved share of that peak)",
+                                "add hbm_efficiency (or --mem-rate FILE), or give mem_gbps instead")
+        return None, None
+    if req.mem_gbps is not None:
+        raise EstimateError("hbm_efficiency", "and mem_gbps both set the memory-bound rate", "give one of them")
+    hbm = req.hbm_gbps or (gpu.hbm_gbps if gpu else None)
+    if not hbm:
+        raise EstimateError("hbm_efficiency", "needs the HBM peak of the GPU it applies to",
+                            f"name the GPU: gpu_preset ({', '.join(sorted(hw.GPUS))}), or its HBM peak in GB/s as hbm_gbps",
+                            choices=sorted(hw.GPUS))
+    return hbm, req.hbm_efficiency
 
 
 def _overlap_efficiency(req: EstimateRequest, intra: hw.LinkPreset | None, inter: hw.LinkPreset | None,
@@ -188,23 +212,30 @@ def _per_layer(req: EstimateRequest, h: ResolvedHardware) -> PerLayer:
     latency = (h.inter_latency_us if inter_bytes else h.intra_latency_us) / 1e3 if n > 1 else 0.0
     gemm_fwd = 6.0 * d * f * routed  # w1: 2*D*2F, w2: 2*F*D per routed token
     router_fwd = 2.0 * req.tokens * d * req.experts
+    def at_rate(nbytes: float, kind: str) -> float:
+        """ms to move nbytes (as counted here) at the rate of this kind of pass; 0 without a memory rate."""
+        if h.mem_efficiency is not None:
+            return nbytes / (h.hbm_gbps * getattr(h.mem_efficiency, kind) * 1e9) * ms
+        return nbytes / (h.mem_gbps * 1e9) * ms if h.mem_gbps else 0.0
+
     # Row gathers per routed token, read + write, forward: permute, sort by local expert, unsort,
-    # unpermute (2D elements each); the backward moves the same.
+    # unpermute (2D elements each); the backward moves the same. A calibration's cost per element covers
+    # all four (half each to permute/unpermute and sort/unsort).
     if h.perm_ns_per_elem is not None:
-        perm_ms = routed * d * h.perm_ns_per_elem / 1e6
+        perm_ms = sort_ms = routed * d * h.perm_ns_per_elem / 1e6 / 2
     else:
-        perm_ms = (routed * 16 * d * b / (h.mem_gbps * 1e9) * ms) if h.mem_gbps else 0.0
+        perm_ms, sort_ms = at_rate(routed * 8 * d * b, "gather"), at_rate(routed * 8 * d * b, "sort")
     # SwiGLU per routed token: a fused kernel reads 2F and writes F forward, reads 3F and writes 2F
     # backward (8F elements); a calibration measures our own (unfused) kernels' cost per element instead.
     if h.act_ns_per_elem is not None:
         act_ms = routed * f * h.act_ns_per_elem / 1e6
     else:
-        act_ms = (routed * 8 * f * b / (h.mem_gbps * 1e9) * ms) if h.mem_gbps else 0.0
+        act_ms = at_rate(routed * 8 * f * b, "activation")
     weights = req.experts // n * 3 * d * f  # local experts' w1 [D, 2F] + w2 [F, D]
     if h.wgrad_ns_per_weight is not None:
         wgrad_write_ms = weights * h.wgrad_ns_per_weight / 1e6
-    else:  # write, then read + write when accumulated
-        wgrad_write_ms = (weights * 3 * b / (h.mem_gbps * 1e9) * ms) if h.mem_gbps else 0.0
+    else:  # accumulated: dw += dw_pass reads both and writes one (the pass's own write is the GEMM's)
+        wgrad_write_ms = at_rate(weights * 3 * b, "wgrad")
     return PerLayer(
         routed_tokens=routed,
         expert_gflop_fwd=gemm_fwd / 1e9, expert_gflop_dgrad=gemm_fwd / 1e9, expert_gflop_wgrad=gemm_fwd / 1e9,
@@ -212,21 +243,22 @@ def _per_layer(req: EstimateRequest, h: ResolvedHardware) -> PerLayer:
         a2a_ms=link * ms, a2a_latency_ms=latency,
         expert_fwd_ms=gemm_fwd / (h.expert_tflops * 1e12) * ms,
         router_fwd_ms=router_fwd / (h.dense_tflops * 1e12) * ms,
-        permute_ms=perm_ms, activation_ms=act_ms, wgrad_write_ms=wgrad_write_ms, attn_fwd_ms=attention_ms(req, h.dense_tflops),
+        permute_ms=perm_ms, sort_ms=sort_ms, activation_ms=act_ms, wgrad_write_ms=wgrad_write_ms, attn_fwd_ms=attention_ms(req, h.dense_tflops),
         overhead_ms=h.overhead_ms,
     )
 
 
 def _nodes(p: PerLayer) -> NodeTimes:
-    """Split the per-layer costs over the nodes: gathers are 1/8 each of permute, sort, unsort, unpermute
-    per pass; the activation is 3/8 forward, 5/8 backward; the host overhead half before each pass."""
-    g, a, o = p.permute_ms / 8, p.activation_ms, p.overhead_ms / 2
+    """Split the per-layer costs over the nodes: permute and unpermute are 1/4 each of permute_ms (forward: pre and
+    post; backward: post and pre), sort and unsort 1/4 each of sort_ms (beside the experts); the activation is 3/8
+    forward, 5/8 backward; the host overhead half before each pass."""
+    g, s, a, o = p.permute_ms / 4, p.sort_ms / 4, p.activation_ms, p.overhead_ms / 2
     return NodeTimes(
         pre_f=p.attn_fwd_ms + p.router_fwd_ms + g + o,
-        mlp_f=p.expert_fwd_ms + 2 * g + 3 / 8 * a,
+        mlp_f=p.expert_fwd_ms + 2 * s + 3 / 8 * a,
         post_f=g,
         post_b=g + o,
-        dgrad_b=p.expert_fwd_ms + 2 * g + 5 / 8 * a,
+        dgrad_b=p.expert_fwd_ms + 2 * s + 5 / 8 * a,
         wgrad_b=p.expert_fwd_ms, wgrad_fixed=p.wgrad_write_ms,
         pre_b=2 * p.attn_fwd_ms + 2 * p.router_fwd_ms + g,
         a2a=p.a2a_ms, a2a_latency=p.a2a_latency_ms, count_exchange=p.a2a_latency_ms,

@@ -56,6 +56,9 @@ class GpuPreset:
     mem_gbps: float  # device copy bandwidth, GB/s achieved (permute / unpermute / activation)
     source: str
     by_model: tuple[tuple[str, float], ...] = ()  # expert TFLOP/s measured at a model preset's own shape
+    hbm_gbps: float = 0.0  # HBM peak, GB/s (datasheet): what hbm_efficiency multiplies
+    hbm_source: str = ""
+    device_names: tuple[str, ...] = ()  # torch.cuda.get_device_name() of this GPU (a measurement's machine.gpu)
 
     def expert_tflops_for(self, model: str | None) -> float:
         return dict(self.by_model).get(model or "", self.expert_tflops)
@@ -87,6 +90,10 @@ LINKS: dict[str, LinkPreset] = {
 # One NVIDIA H200, torch 2.11, 2026-11-29: `python benchmarks/gpu_layer.py` (benchmarks/results/gpu_layer.json).
 _H200_FILE = "benchmarks/results/gpu_layer.json"
 _H200_GEMM = {"qwen3-30b-a3b": 694.4, "deepseek-v3": 642.6}  # shapes.<model>.experts.raw_grouped_mm.tflops
+# HBM peaks, NVIDIA datasheets. "H100 80GB HBM3" is the SXM part's device name; H100 PCIe (2.0 TB/s) and H100 NVL
+# (3.9 TB/s) report other names and match no preset.
+_H200_HBM = "NVIDIA H200 datasheet: 4.8 TB/s GPU memory bandwidth (H200 SXM and H200 NVL)"
+_H100_HBM = "NVIDIA H100 datasheet: 3.35 TB/s GPU memory bandwidth (H100 SXM)"
 
 GPUS: dict[str, GpuPreset] = {
     p.name: p
@@ -95,12 +102,14 @@ GPUS: dict[str, GpuPreset] = {
                   f"measured on one NVIDIA H200 ({_H200_FILE}): raw torch._grouped_mm expert FFN forward + backward "
                   "694.4 TFLOP/s at the Qwen3-30B-A3B shape and 642.6 at the DeepSeek-V3 shape (the lower one for "
                   "other shapes), dense bf16 matmul 803.9 TFLOP/s, device copy 4258 GB/s",
-                  by_model=tuple(_H200_GEMM.items())),
+                  by_model=tuple(_H200_GEMM.items()), hbm_gbps=4800.0, hbm_source=_H200_HBM,
+                  device_names=("NVIDIA H200",)),
         GpuPreset("h100", _H200_GEMM["deepseek-v3"], 803.9, 4258.2 * 3.35 / 4.8,
                   f"derived from the H200 measurement ({_H200_FILE}): H100 SXM has the same GH100 compute "
                   "(same SMs and clocks, 989 TFLOP/s dense bf16 peak) so the GEMM rates are kept; memory bandwidth "
                   "is scaled by the HBM ratio 3.35/4.8 TB/s. Not measured on an H100",
-                  by_model=tuple(_H200_GEMM.items())),
+                  by_model=tuple(_H200_GEMM.items()), hbm_gbps=3350.0, hbm_source=_H100_HBM,
+                  device_names=("NVIDIA H100 80GB HBM3",)),
     )
 }
 
@@ -144,3 +153,8 @@ def gpu_preset(name: str) -> GpuPreset:
         raise PresetError("gpu_preset", name, sorted(GPUS),
                           "GPUs without a measured number have no preset: pass tflops (and mem_gbps) explicitly")
     return GPUS[key]
+
+
+def gpu_for_device(name: str) -> GpuPreset | None:
+    """The preset of a GPU by its device name (a measurement's ``machine.gpu``), or None if none matches exactly."""
+    return next((p for p in GPUS.values() if name.strip() in p.device_names), None)

@@ -5,9 +5,9 @@ The result is what the CLI prints as JSON and the MCP tool ``estimate_overlap_be
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from moe_overlap.skill.estimate.models import MODELS, model_preset
 
@@ -22,6 +22,32 @@ MAX_EXPERTS = 65_536
 MAX_LAYERS = 1024
 MAX_MICRO_BATCHES = 65_536
 MAX_CHUNKS = 64
+# The estimator counts 2*D elements per routed token for a gather pass; a fused gather that reads each token once for
+# its K rows moves (1 + 1/K)*D, never less than half of that: an achieved share of the HBM peak in the estimator's
+# accounting stays below 2.
+MAX_HBM_EFFICIENCY = 2.0
+
+
+class MemoryEfficiency(BaseModel):
+    """Achieved rates of the memory-bound passes, each as a share of the HBM peak of the GPU it was measured on,
+    with the bytes counted as the estimator counts them (``_per_layer`` in api.py): a fused kernel that moves fewer
+    bytes than counted can exceed 1. Measured at one GPU, applied to another's HBM peak."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    gather: float = Field(gt=0, le=MAX_HBM_EFFICIENCY, description="permute and unpermute (row gathers with the "
+                          "routing weights), 2*D elements per routed token per pass")
+    sort: float = Field(gt=0, le=MAX_HBM_EFFICIENCY, description="sort and unsort by local expert (row copies), "
+                        "2*D elements per routed token per pass")
+    activation: float = Field(gt=0, le=MAX_HBM_EFFICIENCY, description="SwiGLU forward + backward, 8*F elements "
+                              "per routed token")
+    wgrad: float = Field(gt=0, le=MAX_HBM_EFFICIENCY, description="weight-gradient accumulation, 3 accesses per "
+                         "local expert weight")
+    source: str = Field("given", max_length=1000, description="where the shares were measured")
+
+    @classmethod
+    def uniform(cls, share: float, source: str = "given") -> MemoryEfficiency:
+        return cls(gather=share, sort=share, activation=share, wgrad=share, source=source)
 
 
 class Calibration(BaseModel):
@@ -84,6 +110,12 @@ class EstimateRequest(BaseModel):
     tflops: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="expert GEMM TFLOP/s (overrides the preset)")
     dense_tflops: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="router/dense GEMM TFLOP/s (default: tflops)")
     mem_gbps: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE * 10, description="memory-bound kernel GB/s (permute, activation)")
+    hbm_efficiency: float | MemoryEfficiency | None = Field(
+        None, description="achieved share of the GPU's HBM peak (hbm_gbps, or the gpu_preset's) by the "
+        "memory-bound passes: one number for all, or one per kind of pass (as `--mem-rate FILE` measures them); "
+        "replaces the preset's device-copy rate")
+    hbm_gbps: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE * 10, description="HBM peak of the GPU, GB/s "
+                                   "(default: the gpu_preset's datasheet value); only with hbm_efficiency")
     attn_ms: float | None = Field(None, ge=0, le=MAX_MS, description="attention/dense forward time per layer per "
                                   "micro-batch; default: a model preset's attention FLOPs at the dense rate, else 0")
     overhead_ms: float | None = Field(None, ge=0, le=MAX_MS, description="fixed host cost per layer per micro-batch (fwd+bwd); "
@@ -97,6 +129,25 @@ class EstimateRequest(BaseModel):
     overlap_efficiency: float | None = Field(None, ge=0, le=1,
                                              description="1: overlapped comm costs compute nothing; 0: no overlap")
     calibration: Calibration | None = None
+
+    @field_validator("hbm_efficiency", mode="before")
+    @classmethod
+    def _one_share(cls, v: Any) -> MemoryEfficiency | None:
+        """A number is the share of every kind of pass; an object gives each kind its own. Errors name the key."""
+        if v is None or isinstance(v, MemoryEfficiency):
+            return v
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if not 0 < v <= MAX_HBM_EFFICIENCY:
+                raise ValueError(f"must be > 0 and <= {MAX_HBM_EFFICIENCY:g}")
+            return MemoryEfficiency.uniform(float(v))
+        if not isinstance(v, dict):
+            raise ValueError("must be a number (the share of every pass) or an object with gather, sort, "
+                             "activation, wgrad")
+        try:
+            return MemoryEfficiency.model_validate(v)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            raise ValueError(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}") from None
 
     @field_validator("model")
     @classmethod
@@ -120,7 +171,11 @@ class ResolvedHardware(BaseModel):
 
     expert_tflops: float
     dense_tflops: float
-    mem_gbps: float | None = Field(description="None: memory-bound passes not modelled")
+    mem_gbps: float | None = Field(description="memory-bound GB/s of every pass (of the sort/unsort copies when "
+                                   "mem_efficiency is set); None: memory-bound passes not modelled")
+    hbm_gbps: float | None = Field(None, description="HBM peak the memory efficiencies apply to; None: not used")
+    mem_efficiency: MemoryEfficiency | None = Field(None, description="shares of hbm_gbps per kind of "
+                                                    "memory-bound pass; None: mem_gbps for every pass")
     intra_gbps: float = Field(description="achieved intra-node all-to-all GB/s (nominal x efficiency, or calibrated)")
     inter_gbps: float | None
     a2a_efficiency: float = Field(description="applied to nominal (preset or explicit) bandwidths, not to calibrated ones")
@@ -151,7 +206,9 @@ class PerLayer(BaseModel):
     a2a_latency_ms: float
     expert_fwd_ms: float = Field(description="expert GEMMs forward (dgrad and wgrad take the same each)")
     router_fwd_ms: float
-    permute_ms: float = Field(description="row gathers (permute, sort, unsort, unpermute), forward + backward")
+    permute_ms: float = Field(description="row gathers with the routing weights (permute, unpermute), forward + "
+                              "backward")
+    sort_ms: float = Field(description="row copies by local expert (sort, unsort), forward + backward")
     activation_ms: float = Field(description="SwiGLU elementwise work, forward + backward")
     wgrad_write_ms: float = Field(description="writing + accumulating the local experts' weight gradients, per "
                                   "wgrad pass (a chunked backward pays it once per chunk)")

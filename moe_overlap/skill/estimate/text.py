@@ -25,7 +25,7 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
         (f"row gathers and weighting (permute, sort, unsort, unpermute) cost the calibrated {h.perm_ns_per_elem:g} ns per routed "
          "token per D element (forward + backward)" if h.perm_ns_per_elem is not None
          else "row gathers (permute, sort, unsort, unpermute) read and write 8*D elements per routed token in "
-         "each pass" + (f" at {h.mem_gbps:g} GB/s" if h.mem_gbps else ": not modelled (no mem_gbps given)")),
+         "each pass" + (_mem_rates(h) if h.mem_gbps else ": not modelled (no mem_gbps given)")),
         (f"SwiGLU costs the calibrated {h.act_ns_per_elem:g} ns per routed token per F element (forward + backward)" if h.act_ns_per_elem is not None else
          "SwiGLU is one fused kernel: 8*F elements per routed token (forward 3F, backward 5F) at the memory rate"),
         "each weight-gradient pass writes all local expert weight gradients (a chunked backward pays that once "
@@ -65,6 +65,15 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
         out.append("no host floor (host_ms not given): the host is assumed to issue work faster than the GPU runs "
                    "it; a host-bound layer (small experts, fast links) gains less than predicted")
     return out
+
+
+def _mem_rates(h: ResolvedHardware) -> str:
+    e = h.mem_efficiency
+    if e is None:
+        return f" at {h.mem_gbps:g} GB/s"
+    return (f"; each kind of memory-bound pass at its measured share of {h.hbm_gbps:g} GB/s HBM: permute/unpermute "
+            f"{e.gather:.3f}, sort/unsort {e.sort:.3f}, SwiGLU {e.activation:.3f}, weight-gradient accumulation "
+            f"{e.wgrad:.3f} (bytes as counted here; {e.source})")
 
 
 def render_text(r: EstimateResult) -> str:
