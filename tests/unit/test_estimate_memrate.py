@@ -197,3 +197,14 @@ def _write(data: dict) -> str:
     with fd:
         json.dump(data, fd)
     return fd.name
+
+
+def test_docs_show_the_table_the_script_prints(anchors):
+    """docs/estimate.md's table is `python benchmarks/estimate_anchors.py`'s, row for row (regenerate it)."""
+    import glob
+
+    files = sorted(glob.glob(str(ROOT / "benchmarks" / "results" / "**" / "ep_overlap_cuda_r*.json"), recursive=True))
+    printed = anchors.markdown(anchors.anchor_rows() + anchors.our_rows(files)).splitlines()
+    doc = (ROOT / "docs" / "estimate.md").read_text(encoding="utf-8").splitlines()
+    wanted = [line for line in printed if line.startswith("| ") or ", terms " in line or "outside the modelled" in line]
+    assert len(wanted) > 40 and [line for line in wanted if line not in doc] == []

@@ -9,9 +9,10 @@ them (``api._per_layer``), so that bytes / (share x another GPU's HBM peak) pred
 
 * gather (permute, unpermute; 2*D elements per routed token per pass, 4 passes forward + backward): our fused
   kernels, ``vectorized_gather_kernel`` (permute), ``_unpermute_fwd_kernel`` x 2 (unpermute, and the permute's
-  backward) and ``_unpermute_bwd_kernel``. They read a token once for its K rows and write one row per token, so
-  they move fewer bytes than counted and the share can exceed 1 (the unpermute backward reads the expert output
-  again for the routing weights' gradient, which the count leaves out).
+  backward) and ``_unpermute_bwd_kernel``. The unpermute and the permute's backward sum a token's K rows into one
+  (D/K written per routed row, not D) and the unpermute's backward reads a token's gradient once for its K rows:
+  (6 + 3/K)*D moved where 8*D is counted, so the share can exceed 1 (that backward also re-reads the expert
+  output for the routing weights' gradient, which the count leaves out).
 * activation (SwiGLU, 8*F per routed token): ``_swiglu_fwd_kernel`` + ``_swiglu_bwd_kernel`` (ours also writes
   the recomputed activation in the backward: 9*F moved).
 * sort (sort and unsort by local expert, row copies, 2*D per pass): absent at EP 1 (one rank: nothing to regroup),
@@ -131,7 +132,9 @@ def from_layer_results(data: dict, label: str, *, hidden: int | None = None, moe
     src = (f"{label}, shapes.{name} ({d}/{f}, {routed} routed rows) on one {gpu_name} ({peak:g} GB/s HBM): "
            f"gathers {counted['gather'] / 1e9:.3f} GB as counted in {ms['gather']:.3f} ms, SwiGLU "
            f"{counted['activation'] / 1e9:.3f} GB in {ms['activation']:.3f} ms (layer.none.profile_fwd_bwd); sort = "
-           f"device copy {copy_gbps:g} GB/s (ceilings.copy_GBps); wgrad = experts.wgrad_accumulate_one_chunk")
+           f"device copy {copy_gbps:g} GB/s (ceilings.copy_GBps); wgrad = experts.wgrad_accumulate_one_chunk; "
+           f"in no memory term: GEMMs {ms['gemm']:.3f} ms and other kernels (router, permutation plan, casts) "
+           f"{ms['other']:.3f} ms of the layer's {total:.3f}")
     return MemRate(efficiency=MemoryEfficiency(**shares, source=src), gpu=gpu_name, hbm_gbps=peak, shape=name,
                    routed=routed, kernel_ms=ms, model_bytes=counted, gbps=gbps)
 
