@@ -202,6 +202,8 @@ class EstimateInput(EstimateRequest):
     fabric: Annotated[Literal[choices.fabrics()] | None, BeforeValidator(_fabric)] = None  # type: ignore[valid-type]
     gpu_preset: Annotated[Literal[choices.gpu_presets()] | None, BeforeValidator(_lower)] = None  # type: ignore[valid-type]
     calibration: Annotated[Any, WithJsonSchema({"type": "object"})] = None
+    # The request model's validator turns a number or an object into the shares; the published schema stays short.
+    hbm_efficiency: Annotated[Any, WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "object"}]})] = None
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_schema_text({
         "model": "model preset: sets hidden, moe_ffn, experts, topk, layers, attn_ms unless given",
         "hidden": "hidden size D (or model)", "moe_ffn": "expert FFN size F (or model)", "experts": "routed "
@@ -214,8 +216,7 @@ class EstimateInput(EstimateRequest):
         "direction", "a2a_efficiency": "achieved share of link bandwidth",
         "gpu_preset": "measured GEMM/memory rates (else tflops)", "tflops": "expert GEMM TFLOP/s",
         "dense_tflops": "dense GEMM TFLOP/s", "mem_gbps": "memory-bound kernel GB/s",
-        "hbm_efficiency": "achieved share of HBM peak of the memory-bound passes: a number, or {gather, sort, "
-        "activation, wgrad, source} (measured: `moe-overlap estimate --mem-rate FILE --format json`)",
+        "hbm_efficiency": "memory-bound passes' share of HBM peak: a number, or {gather, sort, activation, wgrad}",
         "hbm_gbps": "HBM peak GB/s (default: gpu_preset's)", "attn_ms": "attention "
         "forward ms per layer and micro-batch", "overhead_ms": "host ms per layer and micro-batch",
         "host_ms": "host issue ms of one layer fwd+bwd (no overlap): floor of every schedule",
