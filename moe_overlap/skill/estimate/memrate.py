@@ -8,13 +8,15 @@ estimator models gets the share of the GPU's HBM peak it achieved, with the byte
 them (``api._per_layer``), so that bytes / (share x another GPU's HBM peak) predicts that GPU:
 
 * gather (permute, unpermute; 2*D elements per routed token per pass, 4 passes forward + backward): our fused
-  kernels, ``vectorized_gather_kernel`` (permute), ``_unpermute_fwd_kernel`` x 2 (unpermute, and the permute's
-  backward) and ``_unpermute_bwd_kernel``. The unpermute and the permute's backward sum a token's K rows into one
-  (D/K written per routed row, not D) and the unpermute's backward reads a token's gradient once for its K rows:
-  (6 + 3/K)*D moved where 8*D is counted, so the share can exceed 1 (that backward also re-reads the expert
-  output for the routing weights' gradient, which the count leaves out).
+  kernels. With the routing weights in the combine (the layer before commit ca0ebb3): ``vectorized_gather_kernel``
+  (permute), ``_unpermute_fwd_kernel`` x 2 (unpermute, and the permute's backward) and ``_unpermute_bwd_kernel``.
+  The unpermute and the permute's backward sum a token's K rows into one (D/K written per routed row, not D) and
+  the unpermute's backward reads a token's gradient once for its K rows: (6 + 3/K)*D moved where 8*D is counted,
+  so the share can exceed 1 (that backward also re-reads the expert output for the routing weights' gradient,
+  which the count leaves out). With the weights in the SwiGLU (ca0ebb3 on): ``_gather_rows_kernel`` x 2 (permute,
+  and the unpermute's backward) and ``_unpermute_fwd_kernel`` x 2.
 * activation (SwiGLU, 8*F per routed token): ``_swiglu_fwd_kernel`` + ``_swiglu_bwd_kernel`` (ours also writes
-  the recomputed activation in the backward: 9*F moved).
+  the recomputed activation in the backward: 9*F moved), or ``_swiglu_probs_bwd_kernel`` with the weights.
 * sort (sort and unsort by local expert, row copies, 2*D per pass): absent at EP 1 (one rank: nothing to regroup),
   so the device copy of the same run stands in: a copy moves exactly what the estimator counts for it.
 * wgrad (``dw += dw_pass``, 3 accesses per weight): absent from the layer (its gradients are fresh every step:
@@ -34,15 +36,17 @@ from moe_overlap.skill.estimate import hardware as hw
 from moe_overlap.skill.estimate.model import MemoryEfficiency
 
 BYTES = 2  # gpu_layer.py runs the layer and the accumulation in bf16 (benchmarks/gpu_sections.py)
-# Kernel name prefix -> (kind, calls per forward + backward of the EP-1 layer). The names are our fused kernels
-# (moe_overlap/ep/fused.py) and torch's index_select (the permute).
-KERNELS = {
-    "void at::native::vectorized_gather_kernel": ("gather", 1),
-    "_unpermute_fwd_kernel": ("gather", 2),
-    "_unpermute_bwd_kernel": ("gather", 1),
-    "_swiglu_fwd_kernel": ("activation", 1),
-    "_swiglu_bwd_kernel": ("activation", 1),
-}
+# Kernel name prefix -> (kind, calls per forward + backward of our EP-1 layer), for each version of the layer's
+# memory-bound kernels (moe_overlap/ep/fused.py; torch's index_select for the older permute).
+LAYOUTS = (
+    ("routing weights in the combine", {
+        "void at::native::vectorized_gather_kernel": ("gather", 1), "_unpermute_fwd_kernel": ("gather", 2),
+        "_unpermute_bwd_kernel": ("gather", 1), "_swiglu_fwd_kernel": ("activation", 1),
+        "_swiglu_bwd_kernel": ("activation", 1)}),
+    ("routing weights in the SwiGLU", {
+        "_gather_rows_kernel": ("gather", 2), "_unpermute_fwd_kernel": ("gather", 2),
+        "_swiglu_fwd_kernel": ("activation", 1), "_swiglu_probs_bwd_kernel": ("activation", 1)}),
+)
 GEMM_MARKS = ("cutlass", "gemm", "nvjet")
 
 
@@ -83,6 +87,27 @@ def _shape(data: dict, label: str, hidden: int | None, moe_ffn: int | None) -> t
     return hit[0]
 
 
+def _kernel_ms(kernels: list[tuple[str, int, float]], where: str) -> tuple[dict[str, float], str]:
+    """ms per kind (gather, activation, gemm) of the profile, by the layout whose kernels it holds exactly."""
+    misses = []
+    for layout, names in LAYOUTS:
+        ms = {"gather": 0.0, "activation": 0.0, "gemm": 0.0}
+        calls: dict[str, int] = {}
+        for key, n, t in kernels:
+            prefix = next((p for p in names if key.startswith(p)), None)
+            if prefix is not None:
+                ms[names[prefix][0]] += t
+                calls[prefix] = calls.get(prefix, 0) + n
+            elif any(m in key.lower() for m in GEMM_MARKS):
+                ms["gemm"] += t
+        missing = [f"{p} x{c} (found {calls.get(p, 0)})" for p, (_, c) in names.items() if calls.get(p, 0) != c]
+        if not missing:
+            return ms, layout
+        misses.append(f"{layout}: " + ", ".join(missing))
+    raise MemRateError(f"{where}: the profile does not hold the fused EP-1 layer's memory-bound kernels ("
+                       + "; ".join(misses) + ")")
+
+
 def from_layer_results(data: dict, label: str, *, hidden: int | None = None, moe_ffn: int | None = None
                        ) -> MemRate:
     """The shares of the shape with this hidden and FFN size (the only shape when both are None)."""
@@ -105,19 +130,7 @@ def from_layer_results(data: dict, label: str, *, hidden: int | None = None, moe
     if gpu is None or not gpu.hbm_gbps:
         raise MemRateError(f"{label}: measured on {gpu_name!r}, whose HBM peak no GPU preset knows "
                            f"({', '.join(sorted(hw.GPUS))})")
-    ms = {"gather": 0.0, "activation": 0.0, "gemm": 0.0}
-    calls: dict[str, int] = {}
-    for key, n, t in kernels:
-        prefix = next((p for p in KERNELS if key.startswith(p)), None)
-        if prefix is not None:
-            ms[KERNELS[prefix][0]] += t
-            calls[prefix] = calls.get(prefix, 0) + n
-        elif any(m in key.lower() for m in GEMM_MARKS):
-            ms["gemm"] += t
-    missing = [f"{p} x{c} (found {calls.get(p, 0)})" for p, (_, c) in KERNELS.items() if calls.get(p, 0) != c]
-    if missing:
-        raise MemRateError(f"{where}: the profile does not hold the fused EP-1 layer's memory-bound kernels: "
-                           + "; ".join(missing))
+    ms, layout = _kernel_ms(kernels, where)
     ms["other"] = max(0.0, total - ms["gather"] - ms["activation"] - ms["gemm"])
     counted = {"gather": 4 * 2 * d * routed * BYTES, "activation": 8 * f * routed * BYTES, "wgrad": acc_bytes}
     gbps = {"gather": counted["gather"] / ms["gather"] / 1e6, "activation": counted["activation"] /
@@ -129,7 +142,7 @@ def from_layer_results(data: dict, label: str, *, hidden: int | None = None, moe
     too_high = {k: round(v, 3) for k, v in shares.items() if v > 2.0}
     if too_high:
         raise MemRateError(f"{where}: shares of {peak:g} GB/s above 2 are not a memory-bound rate: {too_high}")
-    src = (f"{label}, shapes.{name} ({d}/{f}, {routed} routed rows) on one {gpu_name} ({peak:g} GB/s HBM): "
+    src = (f"{label}, shapes.{name} ({d}/{f}, {routed} routed rows, {layout}) on one {gpu_name} ({peak:g} GB/s HBM): "
            f"gathers {counted['gather'] / 1e9:.3f} GB as counted in {ms['gather']:.3f} ms, SwiGLU "
            f"{counted['activation'] / 1e9:.3f} GB in {ms['activation']:.3f} ms (layer.none.profile_fwd_bwd); sort = "
            f"device copy {copy_gbps:g} GB/s (ceilings.copy_GBps); wgrad = experts.wgrad_accumulate_one_chunk; "
