@@ -55,11 +55,15 @@ def test_the_layer_with_the_weights_in_the_swiglu_reads_the_same_way():
     """Since the routing weights moved into the SwiGLU (EP 1), the gathers are other kernels: same counted bytes."""
     top = [[CUTLASS, 6, 1.0], ["_gather_rows_kernel", 2, 0.005], ["_unpermute_fwd_kernel", 2, 0.003],
            ["_swiglu_fwd_kernel", 1, 0.002], ["_swiglu_probs_bwd_kernel", 1, 0.003],
-           ["void at::native::vectorized_gather_kernel<16, long>(char*, c", 1, 0.001]]  # the weights' permute
+           ["_gather_1d_kernel", 1, 0.001]]  # the weights' permute: no row gather
     m = memrate.from_layer_results(layer_file(**{"shapes.small.layer.none.profile_fwd_bwd.top_self_gpu": top}), "f")
     assert m.efficiency.gather == pytest.approx(4 * 2 * 256 * 1024 * 2 / 0.008e-3 / 4800e9)
     assert m.efficiency.activation == pytest.approx(8 * 128 * 1024 * 2 / 0.005e-3 / 4800e9)
-    assert "weights in the SwiGLU" in m.efficiency.source
+    assert "weights in the SwiGLU" in m.efficiency.source and m.kernel_ms["other"] == pytest.approx(1.2 - 1.013)
+    # From dfae73e the two row gathers are index_select again: the same job.
+    top[1] = ["void at::native::vectorized_gather_kernel<16, long>(char*, c", 2, 0.005]
+    again = memrate.from_layer_results(layer_file(**{"shapes.small.layer.none.profile_fwd_bwd.top_self_gpu": top}), "f")
+    assert again.efficiency == m.efficiency
     with pytest.raises(memrate.MemRateError, match="_swiglu_probs_bwd_kernel x1 \\(found 0\\)"):
         memrate.from_layer_results(layer_file(**{"shapes.small.layer.none.profile_fwd_bwd.top_self_gpu": top[:4]}),
                                    "f")

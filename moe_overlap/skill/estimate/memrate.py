@@ -13,8 +13,9 @@ them (``api._per_layer``), so that bytes / (share x another GPU's HBM peak) pred
   The unpermute and the permute's backward sum a token's K rows into one (D/K written per routed row, not D) and
   the unpermute's backward reads a token's gradient once for its K rows: (6 + 3/K)*D moved where 8*D is counted,
   so the share can exceed 1 (that backward also re-reads the expert output for the routing weights' gradient,
-  which the count leaves out). With the weights in the SwiGLU (ca0ebb3 on): ``_gather_rows_kernel`` x 2 (permute,
-  and the unpermute's backward) and ``_unpermute_fwd_kernel`` x 2.
+  which the count leaves out). With the weights in the SwiGLU (ca0ebb3 on): two row gathers (permute, and the
+  unpermute's backward: ``_gather_rows_kernel`` at ca0ebb3, ``index_select`` again from dfae73e) and
+  ``_unpermute_fwd_kernel`` x 2; the unpermute's backward no longer reads the expert output, so the share is higher.
 * activation (SwiGLU, 8*F per routed token): ``_swiglu_fwd_kernel`` + ``_swiglu_bwd_kernel`` (ours also writes
   the recomputed activation in the backward: 9*F moved), or ``_swiglu_probs_bwd_kernel`` with the weights.
 * sort (sort and unsort by local expert, row copies, 2*D per pass): absent at EP 1 (one rank: nothing to regroup),
@@ -36,16 +37,18 @@ from moe_overlap.skill.estimate import hardware as hw
 from moe_overlap.skill.estimate.model import MemoryEfficiency
 
 BYTES = 2  # gpu_layer.py runs the layer and the accumulation in bf16 (benchmarks/gpu_sections.py)
-# Kernel name prefix -> (kind, calls per forward + backward of our EP-1 layer), for each version of the layer's
-# memory-bound kernels (moe_overlap/ep/fused.py; torch's index_select for the older permute).
+# For each version of our EP-1 layer's memory-bound kernels (moe_overlap/ep/fused.py, torch's index_select): the
+# kernel name prefixes that do one job -> (kind, calls per forward + backward). The row gathers of the
+# weights-in-the-SwiGLU layer were a Triton kernel at ca0ebb3 and index_select again from dfae73e.
+_INDEX_SELECT = "void at::native::vectorized_gather_kernel"
 LAYOUTS = (
     ("routing weights in the combine", {
-        "void at::native::vectorized_gather_kernel": ("gather", 1), "_unpermute_fwd_kernel": ("gather", 2),
-        "_unpermute_bwd_kernel": ("gather", 1), "_swiglu_fwd_kernel": ("activation", 1),
-        "_swiglu_bwd_kernel": ("activation", 1)}),
+        (_INDEX_SELECT,): ("gather", 1), ("_unpermute_fwd_kernel",): ("gather", 2),
+        ("_unpermute_bwd_kernel",): ("gather", 1), ("_swiglu_fwd_kernel",): ("activation", 1),
+        ("_swiglu_bwd_kernel",): ("activation", 1)}),
     ("routing weights in the SwiGLU", {
-        "_gather_rows_kernel": ("gather", 2), "_unpermute_fwd_kernel": ("gather", 2),
-        "_swiglu_fwd_kernel": ("activation", 1), "_swiglu_probs_bwd_kernel": ("activation", 1)}),
+        (_INDEX_SELECT, "_gather_rows_kernel"): ("gather", 2), ("_unpermute_fwd_kernel",): ("gather", 2),
+        ("_swiglu_fwd_kernel",): ("activation", 1), ("_swiglu_probs_bwd_kernel",): ("activation", 1)}),
 )
 GEMM_MARKS = ("cutlass", "gemm", "nvjet")
 
@@ -90,17 +93,18 @@ def _shape(data: dict, label: str, hidden: int | None, moe_ffn: int | None) -> t
 def _kernel_ms(kernels: list[tuple[str, int, float]], where: str) -> tuple[dict[str, float], str]:
     """ms per kind (gather, activation, gemm) of the profile, by the layout whose kernels it holds exactly."""
     misses = []
-    for layout, names in LAYOUTS:
+    for layout, jobs in LAYOUTS:
         ms = {"gather": 0.0, "activation": 0.0, "gemm": 0.0}
-        calls: dict[str, int] = {}
+        calls: dict[tuple[str, ...], int] = {}
         for key, n, t in kernels:
-            prefix = next((p for p in names if key.startswith(p)), None)
-            if prefix is not None:
-                ms[names[prefix][0]] += t
-                calls[prefix] = calls.get(prefix, 0) + n
+            job = next((j for j in jobs if key.startswith(j)), None)
+            if job is not None:
+                ms[jobs[job][0]] += t
+                calls[job] = calls.get(job, 0) + n
             elif any(m in key.lower() for m in GEMM_MARKS):
                 ms["gemm"] += t
-        missing = [f"{p} x{c} (found {calls.get(p, 0)})" for p, (_, c) in names.items() if calls.get(p, 0) != c]
+        missing = [f"{' or '.join(j)} x{c} (found {calls.get(j, 0)})" for j, (_, c) in jobs.items()
+                   if calls.get(j, 0) != c]
         if not missing:
             return ms, layout
         misses.append(f"{layout}: " + ", ".join(missing))
