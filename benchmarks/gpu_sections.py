@@ -149,7 +149,6 @@ def bench_permute(shape: dict, copy_gbps: float) -> dict:
     }
     res = {"sweep": sweep_unpermute(y, g, probs, plan, ops["unpermute"][1], ops["unpermute_backward"][1],
                                     copy_gbps)}
-    res["gather_sweep"] = sweep_gather(x, plan, ops["permute"][1], copy_gbps)
     for name, (fn, nbytes) in ops.items():
         row = {"min_bytes": nbytes}
         for variant, flag in (("fused", "1"), ("torch", "0")):
@@ -167,23 +166,6 @@ def bench_permute(shape: dict, copy_gbps: float) -> dict:
                                      "unpermute_bwd_probs": rel(got_p, ref_p),
                                      "permute_bwd": rel(dp.permute_rows_backward(y, plan), ref_pb)}
     return res
-
-
-def sweep_gather(x, plan, nbytes, copy_gbps) -> dict:
-    """The permutation's row gather: index_select against the Triton kernel's tiles (fused.gather_rows)."""
-    from moe_overlap.ep import fused
-
-    def row(t):
-        gbps = nbytes / (t["median_ms"] * 1e-3) / 1e9
-        return {"median_ms": round(t["median_ms"], 4), "GBps": round(gbps, 1), "frac_copy": round(gbps / copy_gbps, 3)}
-
-    out = {"index_select": row(cuda_time(lambda: x.index_select(0, plan.token_N), iters=20))}
-    want = x.index_select(0, plan.token_N)
-    for c in fused.gather_configs():
-        name = f"r{c['ROWS']}_d{c['BLOCK_D']}_w{c['num_warps']}"
-        assert torch.equal(fused.gather_rows(x, plan.token_N, config=c), want), name
-        out[name] = row(cuda_time(lambda c=c: fused.gather_rows(x, plan.token_N, config=c), iters=20))
-    return out
 
 
 def sweep_unpermute(y, g, probs, plan, fwd_bytes, bwd_bytes, copy_gbps) -> dict:

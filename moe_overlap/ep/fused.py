@@ -100,25 +100,6 @@ if triton is not None:
         j = tl.load(idx_ptr + i, mask=mask, other=0)
         tl.store(out_ptr + i, tl.load(src_ptr + j, mask=mask), mask=mask)
 
-    _GATHER_CONFIGS = [triton.Config({"ROWS": r, "BLOCK_D": b}, num_warps=w)
-                       for r, b, w in ((1, 1024, 4), (2, 1024, 4), (4, 1024, 8), (2, 2048, 8), (4, 2048, 8),
-                                       (8, 1024, 8))]
-
-    @triton.jit
-    def _gather_rows_body(x_ptr, idx_ptr, out_ptr, n, D, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-        """out[i] = x[idx[i]] for ROWS rows per program, the rows copied in BLOCK_D-wide pieces."""
-        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-        rmask = rows < n
-        src = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        for b in range(0, D, BLOCK_D):
-            d = b + tl.arange(0, BLOCK_D)
-            m = rmask[:, None] & (d < D)[None, :]
-            v = tl.load(x_ptr + src[:, None] * D + d[None, :], mask=m)
-            tl.store(out_ptr + rows[:, None] * D + d[None, :], v, mask=m)
-
-    # The tile is picked once per hidden size by timing (a copy: every config gives the same bits).
-    _gather_rows_tuned = triton.autotune(configs=_GATHER_CONFIGS, key=["D"])(_gather_rows_body)
-
     @triton.jit
     def _unpermute_fwd_kernel(y_ptr, inv_ptr, p_ptr, out_ptr, D, K: tl.constexpr, K_PAD: tl.constexpr,
                               HAS_P: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -210,26 +191,6 @@ def gather_1d(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     if n:
         _gather_1d_kernel[(triton.cdiv(n, _BLOCK),)](src, idx, out, n, BLOCK=_BLOCK)
     return out
-
-
-def gather_rows(x_TD: torch.Tensor, idx_N: torch.Tensor, *, config: dict | None = None) -> torch.Tensor:
-    """x_TD[idx_N] ([N, D], x's dtype; bitwise index_select's). ``config``: {"ROWS", "BLOCK_D", "num_warps"}
-    to bypass the autotuner (the benchmark's sweep)."""
-    x = x_TD.contiguous()
-    rows, dim = idx_N.shape[0], x.shape[1]
-    out = x.new_empty((rows, dim))
-    if rows and dim:
-        if config is None:
-            _gather_rows_tuned[lambda meta: (triton.cdiv(rows, meta["ROWS"]),)](x, idx_N, out, rows, dim)
-        else:
-            c = dict(config)
-            warps = c.pop("num_warps")
-            _gather_rows_body[(triton.cdiv(rows, c["ROWS"]),)](x, idx_N, out, rows, dim, num_warps=warps, **c)
-    return out
-
-
-def gather_configs() -> list[dict]:
-    return [{**c.kwargs, "num_warps": c.num_warps} for c in _GATHER_CONFIGS]
 
 
 def _k_pad(k: int) -> int:

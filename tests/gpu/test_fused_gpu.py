@@ -97,7 +97,6 @@ def test_row_gather_and_unweighted_unpermute_match_torch(tokens, topk, experts_n
 
     p = torch.rand(tokens * topk, device="cuda")
     assert torch.equal(fused.gather_1d(p, plan.perm_N), p.index_select(0, plan.perm_N))
-    assert torch.equal(fused.gather_rows(x, plan.token_N), got[0]), "the autotuned row gather is a copy too"
 
 
 @cuda
