@@ -64,6 +64,9 @@ def test_the_layer_with_the_weights_in_the_swiglu_reads_the_same_way():
     top[1] = ["void at::native::vectorized_gather_kernel<16, long>(char*, c", 2, 0.005]
     again = memrate.from_layer_results(layer_file(**{"shapes.small.layer.none.profile_fwd_bwd.top_self_gpu": top}), "f")
     assert again.efficiency == m.efficiency
+    top[1] = ["_gather_rows_body", 2, 0.005]  # the autotuned Triton gather (MOE_OVERLAP_GATHER=triton)
+    assert memrate.from_layer_results(layer_file(**{"shapes.small.layer.none.profile_fwd_bwd.top_self_gpu": top}),
+                                      "f").efficiency == m.efficiency
     with pytest.raises(memrate.MemRateError, match="_swiglu_probs_bwd_kernel x1 \\(found 0\\)"):
         memrate.from_layer_results(layer_file(**{"shapes.small.layer.none.profile_fwd_bwd.top_self_gpu": top[:4]}),
                                    "f")

@@ -39,7 +39,8 @@ from moe_overlap.skill.estimate.model import MemoryEfficiency
 BYTES = 2  # gpu_layer.py runs the layer and the accumulation in bf16 (benchmarks/gpu_sections.py)
 # For each version of our EP-1 layer's memory-bound kernels (moe_overlap/ep/fused.py, torch's index_select): the
 # kernel name prefixes that do one job -> (kind, calls per forward + backward). The row gathers of the
-# weights-in-the-SwiGLU layer were a Triton kernel at ca0ebb3 and index_select again from dfae73e.
+# weights-in-the-SwiGLU layer were a Triton kernel at ca0ebb3 (`_gather_rows_kernel`), index_select again from
+# dfae73e, and an autotuned Triton kernel (`_gather_rows_body`) behind MOE_OVERLAP_GATHER=triton from 8a145a9.
 _INDEX_SELECT = "void at::native::vectorized_gather_kernel"
 LAYOUTS = (
     ("routing weights in the combine", {
@@ -47,7 +48,7 @@ LAYOUTS = (
         ("_unpermute_bwd_kernel",): ("gather", 1), ("_swiglu_fwd_kernel",): ("activation", 1),
         ("_swiglu_bwd_kernel",): ("activation", 1)}),
     ("routing weights in the SwiGLU", {
-        (_INDEX_SELECT, "_gather_rows_kernel"): ("gather", 2), ("_unpermute_fwd_kernel",): ("gather", 2),
+        (_INDEX_SELECT, "_gather_rows_"): ("gather", 2), ("_unpermute_fwd_kernel",): ("gather", 2),
         ("_swiglu_fwd_kernel",): ("activation", 1), ("_swiglu_probs_bwd_kernel",): ("activation", 1)}),
 )
 GEMM_MARKS = ("cutlass", "gemm", "nvjet")
