@@ -40,7 +40,8 @@ BYTES = 2  # gpu_layer.py runs the layer and the accumulation in bf16 (benchmark
 # For each version of our EP-1 layer's memory-bound kernels (moe_overlap/ep/fused.py, torch's index_select): the
 # kernel name prefixes that do one job -> (kind, calls per forward + backward). The row gathers of the
 # weights-in-the-SwiGLU layer were a Triton kernel at ca0ebb3 (`_gather_rows_kernel`), index_select again from
-# dfae73e, and an autotuned Triton kernel (`_gather_rows_body`) behind MOE_OVERLAP_GATHER=triton from 8a145a9.
+# dfae73e; an autotuned Triton kernel (`_gather_rows_body`, 8a145a9, reverted in 09a51a5) in the profiles of its
+# experiment (h200x2_2026-11-29_r4/call6_gpu_layer_triton_gather_*).
 _INDEX_SELECT = "void at::native::vectorized_gather_kernel"
 LAYOUTS = (
     ("routing weights in the combine", {
