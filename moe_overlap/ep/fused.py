@@ -1,4 +1,5 @@
-"""Fused Triton kernels for the memory-bound steps of the GPU path (SwiGLU, combine un-permute).
+"""Fused Triton kernels for the memory-bound steps of the GPU path (SwiGLU, with or without the routing
+weights; the combine's un-permute; the weights' permutation).
 
 Shape legend: S expert rows, F expert ffn size, T tokens, K top-k, N = T*K routed rows, D hidden.
 
@@ -186,6 +187,8 @@ def gather_1d(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """src.flatten()[idx] (a copy: bitwise index_select's). Why a kernel for this: on CUDA a 1-D
     index_select issues ~10 host ops (a gather, expands, strided views, a resize); the routing weights'
     permutation runs twice per layer and step, and small layers are host-bound (benchmarks/gpu_layer.py)."""
+    if not src.is_contiguous():  # the kernel reads src as one flat array (an attribute check: no op issued)
+        src = src.contiguous()
     out = src.new_empty(idx.shape)
     n = idx.numel()
     if n:
