@@ -15,7 +15,7 @@ Forward (dispatch):
 Combine is the exact inverse (unsort, reverse all-to-all, unpermute) and applies the routing weights:
   out_TD[t] = sum_k probs_TK[t, k] * y(t, k)        (in fp32, cast back to y's dtype)
 Where the rows never leave the rank (one-rank group: EP 1) the weights go to the experts instead, permuted
-like the rows (``permute(..., with_probs=True)``), and are applied in the ffn space (experts.py): the combine then only
+like the rows (``permute_weights``), and are applied in the ffn space (experts.py): the combine then only
 sums, and its backward is a gather of the output gradient rather than a pass that also reads y [N, D]
 (measured in benchmarks/gpu_layer.py). At EP > 1 they stay here: moving them would add an all-to-all.
 
@@ -108,6 +108,20 @@ def unpermute_rows_backward(g_TD, y_ND, probs_TK, plan: PermutePlan):
     return g_ND, g_probs_TK
 
 
+def _gather_1d(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return fused.gather_1d(src, idx) if fused.available(src) else src.index_select(0, idx)
+
+
+def permute_weights(probs_TK: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
+    """The routing weights in the rows' order, probs_N[i] = probs_TK.flatten()[perm_N[i]] (EP 1: for the experts)."""
+    return _gather_1d(probs_TK.reshape(-1), plan.perm_N)
+
+
+def permute_weights_backward(g_probs_N: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
+    """Gradient of :func:`permute_weights`: back to [T, K] by the inverse permutation."""
+    return _gather_1d(g_probs_N, plan.inv_perm_N).view(plan.num_tokens, plan.topk)
+
+
 def _sort_is_identity(plan: DispatchPlan) -> bool:
     """One source rank: (source, local expert) order already is (local expert, source) order."""
     return len(plan.recv_splits) == 1
@@ -123,10 +137,6 @@ def unsort_rows(y_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- autograd wrappers
-def _gather_1d(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    return fused.gather_1d(src, idx) if fused.available(src) else src.index_select(0, idx)
-
-
 class _PermuteFn(torch.autograd.Function):
     """x_ND = x_TD[token_N]; with probs_TK also probs_N = probs_TK.flatten()[perm_N] (the rows' weights, for
     experts that apply them), in the same autograd node: one node fewer to issue per layer and step."""
@@ -135,16 +145,12 @@ class _PermuteFn(torch.autograd.Function):
     def forward(ctx, x_TD, probs_TK, plan):
         ctx.plan = plan
         x_ND = permute_rows(x_TD, plan)
-        if probs_TK is None:
-            return x_ND, None
-        return x_ND, _gather_1d(probs_TK.reshape(-1), plan.perm_N)
+        return x_ND, None if probs_TK is None else permute_weights(probs_TK, plan)
 
     @staticmethod
     def backward(ctx, g_ND, g_probs_N):
-        plan = ctx.plan
-        g_probs = None if g_probs_N is None else \
-            _gather_1d(g_probs_N, plan.inv_perm_N).view(plan.num_tokens, plan.topk)
-        return permute_rows_backward(g_ND, plan), g_probs, None
+        g_probs = None if g_probs_N is None else permute_weights_backward(g_probs_N, ctx.plan)
+        return permute_rows_backward(g_ND, ctx.plan), g_probs, None
 
 
 class _GatherPermFn(torch.autograd.Function):

@@ -35,12 +35,7 @@ from moe_overlap.ep.counts import (
     make_dispatch_plan,
     start_count_exchange,
 )
-from moe_overlap.ep.dispatcher import (
-    permute,
-    sort_by_local_expert,
-    unpermute,
-    unsort_by_local_expert,
-)
+from moe_overlap.ep.dispatcher import permute, sort_by_local_expert, unpermute, unsort_by_local_expert
 from moe_overlap.ep.router import attach_aux_losses, route
 from moe_overlap.ep.streams import current_stream, record_event
 from moe_overlap.ep.wgrad import WgradStore

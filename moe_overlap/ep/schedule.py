@@ -46,6 +46,8 @@ from .dispatcher import (
     dispatch,
     permute_rows,
     permute_rows_backward,
+    permute_weights,
+    permute_weights_backward,
     plan_permute,
     sort_rows,
     unpermute_rows,
@@ -127,7 +129,7 @@ class _ChunkedMoE(torch.autograd.Function):
                 inflight_dispatch[c + 1] = start_dispatch(c + 1)
             x_SD = sort_rows(inflight_dispatch.pop(c).wait(), plan)
             a, b = cp.bounds[c]
-            p_S = probs_TK[a:b].reshape(-1).index_select(0, plan.permute.perm_N) if local else None
+            p_S = permute_weights(probs_TK[a:b], plan.permute) if local else None
             y_SD, h = experts_forward(x_SD, w1, w2, plan.tokens_per_local_expert, probs_S=p_S)
             saved[c] = (x_SD, h, p_S)
             inflight_combine[c] = all_to_all_async(unsort_rows(y_SD, plan), plan.send_splits,
@@ -172,9 +174,8 @@ class _ChunkedMoE(torch.autograd.Function):
             ctx.saved[c] = None
             dx_SD, wgrad_inputs[c], g_p_S = experts_dgrad(dy_SD, x_SD, h, w1, w2, plan.tokens_per_local_expert,
                                                           probs_S=p_S)
-            if g_p_S is not None:  # back to (token, k) order, as permute_probs' backward does
-                a, b = cp.bounds[c]
-                g_probs[c] = g_p_S.to(probs_TK.dtype).index_select(0, plan.permute.inv_perm_N).view(b - a, probs_TK.shape[1])
+            if g_p_S is not None:  # EP 1: the weights' gradient, from the experts, back to (token, k) order
+                g_probs[c] = permute_weights_backward(g_p_S.to(probs_TK.dtype), plan.permute)
             inflight_combine[c] = all_to_all_async(unsort_rows(dx_SD, plan), plan.send_splits,
                                                    plan.recv_splits, group, stream, transport=tr)
             if c + 1 == num_chunks:

@@ -39,11 +39,15 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_index_kernels_match_torch_under_interpreter():
+def _run_under_interpreter(script: str) -> None:
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_index_kernels_match_torch_under_interpreter():
+    _run_under_interpreter(SCRIPT)
 
 
 SWIGLU_SCRIPT = textwrap.dedent("""
@@ -68,7 +72,4 @@ SWIGLU_SCRIPT = textwrap.dedent("""
 
 
 def test_weighted_swiglu_kernels_match_torch_under_interpreter():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", SWIGLU_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    _run_under_interpreter(SWIGLU_SCRIPT)
