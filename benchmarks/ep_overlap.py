@@ -61,7 +61,7 @@ def _med(times, key) -> float:
     return times[key]["median_ms"]
 
 
-def derive(res: dict, chunk_list: list[int]) -> dict:
+def derive(res: dict, chunk_list: list[int], margins: list[int] = ()) -> dict:
     """Rows (fwd, bwd, total, speedup, efficiency) and the alone pieces from one preset's medians."""
     t = res["times"]
     comm_fwd = _med(t, COMM_KEYS[0]) + _med(t, COMM_KEYS[1])
@@ -103,6 +103,10 @@ def derive(res: dict, chunk_list: list[int]) -> dict:
     pair = "layer_pair: fwd of micro-batch k+1 with bwd of micro-batch k"
     row("1f1b", "nodes", None, None, _med(t, "1f1b/pair"), pair)
     row("1f1b+wgrad", "nodes", None, None, _med(t, "1f1b+wgrad/pair"), pair + ", expert wgrad deferred")
+    for m in margins:  # the same pairs, the expert GEMMs leaving m SMs to the all-to-all kernels
+        row(f"1f1b sm-{m}", "nodes", None, None, _med(t, f"1f1b sm-{m}/pair"), pair + f", GEMMs leave {m} SMs")
+        row(f"1f1b+wgrad sm-{m}", "nodes", None, None, _med(t, f"1f1b+wgrad sm-{m}/pair"),
+            pair + f", expert wgrad deferred, GEMMs leave {m} SMs")
     if "1f1b counts-on-data-group/pair" in t:  # EP > 1: the host counts group's share, measured alone
         row("1f1b-devcnt", "nodes", None, None, _med(t, "1f1b counts-on-data-group/pair"),
             pair + ", token counts over the data group on the device (before this round)")
@@ -202,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fabric", default="native", help="NCCL fabric of every rank: native | emulated-net "
                     "(moe_overlap/ep/fabric.py: NCCL's network transport over loopback)")
     ap.add_argument("--a2a", default="nccl", help="all-to-all transport: nccl | ce | auto (moe_overlap/ep/transport.py)")
+    ap.add_argument("--sm-margin", default="", help="comma-separated SM margins: for each N > 0, the 1f1b rows "
+                    "again with the expert GEMMs leaving N SMs to the all-to-all (moe_overlap/ep/sm_margin.py)")
     ap.add_argument("--timeout", type=float, default=540)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None, help="print the tables of a results JSON and exit")
@@ -226,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--world {world} does not divide the experts of {bad}", file=sys.stderr)
         return 2
     chunk_list = [int(c) for c in args.chunks.split(",") if c]
+    try:
+        margins = [int(m) for m in args.sm_margin.split(",") if m and int(m) > 0]
+    except ValueError:
+        print(f"--sm-margin {args.sm_margin!r}: must be comma-separated ints, e.g. 16,32", file=sys.stderr)
+        return 2
     rounds = args.rounds or (20 if args.device == "cuda" else 3)
     warmup = args.warmup if args.warmup is not None else (3 if args.device == "cuda" else 1)
     dtype = "bfloat16" if args.device == "cuda" else "float32"
@@ -246,14 +257,14 @@ def main(argv: list[str] | None = None) -> int:
 
     per_rank = spawn_ranks(bench_body, world,
                            ([(n, PRESETS[n]) for n in names], args.device, dtype, rounds, warmup, chunk_list,
-                            args.a2a),
+                            args.a2a, margins),
                            timeout=args.timeout, backend=backend, pass_group=True,
                            start_method="fork" if backend == "gloo" else "spawn")
     first = per_rank[0]
     presets = []
     for i, res in enumerate(first["results"]):
         p = {k: v for k, v in res.items() if k != "times"}
-        p.update(derive(res, chunk_list))
+        p.update(derive(res, chunk_list, margins))
         p["median_ms"] = res["times"]
         p["megatron"] = megatron_comparison(res["preset"], world, p["rows"])
         agree = [r["results"][i]["agreement_rel_l2"] for r in per_rank]
@@ -271,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"python": platform.python_version(), **first["versions"]},
         "world": world, "ep_size": world, "backend": backend, "fabric": args.fabric, "a2a": args.a2a,
         "dtype": dtype, "rounds": rounds, "warmup": warmup,
-        "chunks": chunk_list, "routing": "force_balance (balanced top-k)",
+        "chunks": chunk_list, "sm_margins": margins, "routing": "force_balance (balanced top-k)",
         "rank_env": [r["env"] for r in per_rank],
         "timing": "CUDA events on the compute stream after an all-rank barrier (host clock on CPU); "
                   "medians over rounds of the max over ranks",

@@ -118,7 +118,7 @@ class Clock:
         return out
 
 
-def _layer_rows(layer, block, x0, x1, gout, clock, comm, chunk_list):
+def _layer_rows(layer, block, x0, x1, gout, clock, comm, chunk_list, margins=()):
     """One round of every schedule; fills the clock. ``comm``: group, stream, counts_group, transport."""
     from moe_overlap.ep.nodes import LayerRun, NodeContext
     from moe_overlap.ep.schedule_1f1b import layer_backward, layer_forward, layer_pair
@@ -142,6 +142,8 @@ def _layer_rows(layer, block, x0, x1, gout, clock, comm, chunk_list):
     clock("nodes/fwd", lambda: layer_forward(run, x_BSD))
     clock("nodes/bwd", lambda: layer_backward(run, g_BSD, None))
     pairs = [("1f1b", False, extra), ("1f1b+wgrad", True, extra)]
+    for m in margins:  # sm_margin.py: the expert GEMMs leave m SMs to the all-to-all kernels
+        pairs += [(f"1f1b sm-{m}", False, dict(extra, sm_margin=m)), (f"1f1b+wgrad sm-{m}", True, dict(extra, sm_margin=m))]
     if comm.counts_group is not None:  # ablation: the token counts over the data communicator, on the device
         pairs.append(("1f1b counts-on-data-group", False, dict(extra, counts_group=None)))
     for key, delay, kw in pairs:
@@ -206,7 +208,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def _agreement(layer, block, x0, x1, gout, comm, chunks: int) -> dict[str, float]:
+def _agreement(layer, block, x0, x1, gout, comm, chunks: int, margins=()) -> dict[str, float]:
     """Untimed: the overlapped paths compute what the sequential ones do (a stream race that made them
     fast and wrong would show here). Relative L2 differences; 0.0 means bitwise equal."""
     from moe_overlap.ep.nodes import LayerRun, NodeContext
@@ -225,15 +227,18 @@ def _agreement(layer, block, x0, x1, gout, comm, chunks: int) -> dict[str, float
     run = LayerRun(block, seq, 0.0)
     layer_forward(run, x_BSD)
     g0_ref = layer_backward(run, g_BSD, None)
-    ovl = NodeContext(group=group, comm_stream=stream, store=None, grad_scale=1.0, **extra)
-    b, f = LayerRun(block, ovl, 0.0), LayerRun(block, ovl, 0.0)
-    layer_forward(b, x_BSD)
-    y1, g0 = layer_pair(f, b, x1_BSD, g_BSD, None)
-    layer_backward(f, g_BSD, None)
+    out = {f"chunked:{chunks} vs none, out": _rel(out_chunked, out_none)}
+    for m in (0, *margins[-1:]):  # the largest SM margin too: its GEMMs must give the same bits
+        ovl = NodeContext(group=group, comm_stream=stream, store=None, grad_scale=1.0, sm_margin=m, **extra)
+        b, f = LayerRun(block, ovl, 0.0), LayerRun(block, ovl, 0.0)
+        layer_forward(b, x_BSD)
+        y1, g0 = layer_pair(f, b, x1_BSD, g_BSD, None)
+        layer_backward(f, g_BSD, None)
+        tag = f" sm-{m}" if m else ""
+        out[f"1f1b{tag} vs nodes, out (micro-batch k+1)"] = _rel(y1, y1_ref)
+        out[f"1f1b{tag} vs nodes, dx (micro-batch k)"] = _rel(g0, g0_ref)
     layer.zero_grad(set_to_none=True)
-    return {f"chunked:{chunks} vs none, out": _rel(out_chunked, out_none),
-            "1f1b vs nodes, out (micro-batch k+1)": _rel(y1, y1_ref),
-            "1f1b vs nodes, dx (micro-batch k)": _rel(g0, g0_ref)}
+    return out
 
 
 def balanced_ffn(shape: dict, group, device, dtype, comm) -> int:
@@ -254,7 +259,8 @@ def balanced_ffn(shape: dict, group, device, dtype, comm) -> int:
     return int(min(65536, max(128, round(shape["ffn"] * float(ratio) / 128) * 128)))
 
 
-def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, warmup, chunk_list, a2a="nccl"):
+def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, warmup, chunk_list, a2a="nccl",
+               margins=()):
     """Runs in every rank: all presets, `warmup + rounds` rounds each. Returns (rank 0's) summaries.
 
     ``a2a``: the all-to-all transport (moe_overlap/ep/transport.py: nccl | ce | auto); the token counts
@@ -288,9 +294,10 @@ def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, war
         info = {}
         for r in range(warmup + rounds):
             clock.round = r
-            _layer_rows(layer, block, x0, x1, gout, clock, comm, chunk_list)
+            _layer_rows(layer, block, x0, x1, gout, clock, comm, chunk_list, margins)
             info = _pieces(layer, x0, clock, comm)
-        info["agreement_rel_l2"] = _agreement(layer, block, x0, x1, gout, comm, max(chunk_list, default=2))
+        info["agreement_rel_l2"] = _agreement(layer, block, x0, x1, gout, comm, max(chunk_list, default=2),
+                                              tuple(margins))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             info["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(device))

@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", action="append", choices=sorted(PRESETS))
     ap.add_argument("--fabric", default="native", help="native | emulated-net (moe_overlap/ep/fabric.py)")
     ap.add_argument("--a2a", default="nccl", help="all-to-all backend: nccl | ce | auto (moe_overlap/ep/transport.py)")
+    ap.add_argument("--ffn", type=int, default=None,
+                    help="expert ffn size for every preset (required for a 'balanced' preset: its ffn is chosen by "
+                         "ep_overlap.py's run, e.g. 14208 in benchmarks/results/h200x2_2026-11-29_r4)")
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -59,12 +62,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     world = args.world or (torch.cuda.device_count() if args.device == "cuda" else 2)
     names = args.preset or (list(GPU_PRESETS) if args.device == "cuda" else ["tiny"])
+    shapes = [(n, dict(PRESETS[n], **({"ffn": args.ffn} if args.ffn else {}))) for n in names]
+    unresolved = [n for n, s in shapes if not isinstance(s["ffn"], int)]
+    if unresolved:
+        print(f"--preset {unresolved[0]}: its ffn is chosen per run ({PRESETS[unresolved[0]]['ffn']!r}); "
+              "pass --ffn N (the value ep_overlap.py printed for this fabric)", file=sys.stderr)
+        return 2
     for k, v in {**NVLS_OFF, **fabric_env(args.fabric)}.items():  # inherited by every spawned rank
         os.environ[k] = v
     args.out.mkdir(parents=True, exist_ok=True)
     from profile_body import profile_body
 
-    per_rank = spawn_ranks(profile_body, world, ([(n, PRESETS[n]) for n in names], args.device, str(args.out),
+    per_rank = spawn_ranks(profile_body, world, (shapes, args.device, str(args.out),
                                                  args.a2a),
                            backend="nccl" if args.device == "cuda" else "gloo", timeout=args.timeout,
                            pass_group=True)

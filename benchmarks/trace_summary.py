@@ -14,6 +14,7 @@ matched by their correlation id). Inside a window:
                      the GPU waited for)
   categories         kernel ms by kind: gemm, nccl, triton (our fused kernels), copy, other
   comm_concurrent_ms NCCL kernel time that ran while a non-NCCL kernel ran on another stream
+  nccl_blocks        blocks of the widest NCCL kernel (grid size): the SMs it holds while it runs
   host               launches, blocking calls (stream/event/device synchronize, synchronous memcpy)
                      with their total ms: the host waiting for the GPU
 """
@@ -135,12 +136,16 @@ def _window(t0: float, t1: float, calls: list[dict], ops: list[dict]) -> dict:
                 host = [c["name"] for c in calls if c["ts"] <= b <= c["ts"] + c["dur"]]
                 gaps.append({"start_us": a - t0, "ms": (b - a) / 1e3, "host_call_at_end": host[-1] if host else None})
     blocking = [c for c in calls if c["name"] in BLOCKING]
+    # Blocks of the widest NCCL kernel: the SMs it holds while it runs (what a GEMM beside it cannot use;
+    # moe_overlap/ep/sm_margin.py).
+    grids = [g.get("args", {}).get("grid") for g in ops if category(g["name"]) == "nccl"]
+    nccl_blocks = max((x[0] * x[1] * x[2] for x in grids if isinstance(x, list) and len(x) == 3), default=0)
     return {
         "wall_ms": (end - t0) / 1e3, "host_ms": (t1 - t0) / 1e3, "streams": streams, "compute_stream": compute,
         "compute_idle_ms": sum(g["ms"] for g in gaps), "compute_gaps": len(gaps),
         "top_gaps": sorted(gaps, key=lambda g: -g["ms"])[:5], "categories_ms": dict(cats),
         "comm_concurrent_ms": intersect(union(nccl_iv), union(other_iv)) / 1e3,
-        "nccl_ms": length(union(nccl_iv)) / 1e3,
+        "nccl_ms": length(union(nccl_iv)) / 1e3, "nccl_blocks": nccl_blocks,
         "host": {"launches": sum(1 for c in calls if c["name"] in LAUNCHES), "runtime_calls": len(calls),
                  "blocking_calls": len(blocking), "blocking_ms": sum(c["dur"] for c in blocking) / 1e3,
                  "blocking_names": sorted({c["name"] for c in blocking})},

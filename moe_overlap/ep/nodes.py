@@ -49,7 +49,8 @@ class NodeContext:
     async_op supplies the concurrency); store: WgradStore when expert wgrad is delayed;
     grad_scale: d(objective)/d(micro-batch loss), 1/M for M micro-batches; counts_group: a host (gloo)
     group over the same ranks for the token-count exchange (counts.py), None to use ``group``;
-    transport: copy-engine all-to-alls (transport.py), None for the group's own.
+    transport: copy-engine all-to-alls (transport.py), None for the group's own; sm_margin: SMs the
+    expert GEMMs leave to the all-to-all kernels while one is in flight (sm_margin.py; 0 = off).
     """
 
     group: dist.ProcessGroup
@@ -58,6 +59,7 @@ class NodeContext:
     grad_scale: float
     counts_group: dist.ProcessGroup | None = None
     transport: object = None  # transport.py copy engines for the all-to-alls (None: the group's own)
+    sm_margin: int = 0
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:

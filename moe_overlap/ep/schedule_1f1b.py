@@ -29,6 +29,7 @@ expert wgrad under the backward dispatch, attention wgrad right after the pre-di
 from __future__ import annotations
 
 from moe_overlap.ep.nodes import LayerRun, MicroBatchRun
+from moe_overlap.ep.sm_margin import gemm_sm_margin
 from moe_overlap.ep.wgrad import WgradStore
 
 SINGLE_MICRO_BATCH_NOTE = (
@@ -86,17 +87,23 @@ def layer_pair(f: LayerRun, b: LayerRun, x_BSD, g_BSD, store: WgradStore | None)
     The host waits for f's token counts (the layer's one host sync at EP > 1) only after b's expert
     dgrad is queued, so the GPU computes while the host waits; f's dispatch is issued after that dgrad
     but waits only for f's own pre-dispatch event, so the two still run side by side.
+
+    The expert nodes run beside in-flight all-to-alls; with ``ctx.sm_margin`` their GEMMs leave that many
+    SMs to the all-to-all kernels (sm_margin.py). Nothing else runs under the margin.
     """
+    margin = b.ctx.sm_margin
     b.combine_backward_start(g_BSD)  # comm: reverse combine a2a
     f.pre_forward(x_BSD)  # compute: attention, norm, router, permute; the counts start moving
     b.combine_backward_wait()
-    b.experts_backward()  # compute: experts dgrad (wgrad deferred when store is set)
+    with gemm_sm_margin(margin, x_BSD.device):
+        b.experts_backward()  # compute: experts dgrad (wgrad deferred when store is set)
     f.plan_wait()  # host: f's counts -> plan, while the GPU runs the dgrad
     f.dispatch_forward_start()  # comm: dispatch a2a (after f's pre-dispatch only)
     b.dispatch_backward_start()  # comm: reverse dispatch a2a
-    _drain(store)  # compute: expert wgrad while the backward dispatch is in flight
-    f.dispatch_forward_wait()
-    f.experts_forward()  # compute: still under the backward dispatch
+    with gemm_sm_margin(margin, x_BSD.device):
+        _drain(store)  # compute: expert wgrad while the backward dispatch is in flight
+        f.dispatch_forward_wait()
+        f.experts_forward()  # compute: still under the backward dispatch
     f.combine_forward_start()  # comm: combine a2a
     b.dispatch_backward_wait()
     g_BSD = b.pre_backward()  # compute: attention/router dgrad under the forward combine
