@@ -44,9 +44,9 @@ PRESETS = {
     "dsv3-proxy": dict(tokens=4096, hidden=7168, ffn=2048, experts=32, topk=8),
     # CPU smoke shape: seconds on 2 gloo ranks; exercises every code path, says nothing about speed.
     "tiny": dict(tokens=64, hidden=32, ffn=16, experts=8, topk=2),
-    # The Qwen3 expert shape with the ffn size that balances the experts' compute with the all-to-alls
-    # on the fabric at hand (measured at ffn_base in the same run; ep_overlap_body.balanced_ffn): the
-    # regime of a multi-node run, where overlap can hide the most.
+    # The Qwen3 expert shape with the ffn size that puts the experts' compute at half the all-to-alls' time
+    # on the fabric at hand (measured from ffn_base in the same run; ep_overlap_body.balanced_ffn; --ffn
+    # fixes it instead): the communication-bound regime of a multi-node run, where overlap can hide the most.
     "balanced": dict(tokens=2048, hidden=2048, ffn="balanced", ffn_base=768, experts=16, topk=8),
     "tiny-balanced": dict(tokens=64, hidden=32, ffn="balanced", ffn_base=16, experts=8, topk=2),
 }
@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--a2a", default="nccl", help="all-to-all transport: nccl | ce | auto (moe_overlap/ep/transport.py)")
     ap.add_argument("--sm-margin", default="", help="comma-separated SM margins: for each N > 0, the 1f1b rows "
                     "again with the expert GEMMs leaving N SMs to the all-to-all (moe_overlap/ep/sm_margin.py)")
+    ap.add_argument("--ffn", type=int, default=None, help="expert ffn size for every preset (a 'balanced' preset then "
+                    "skips its per-run choice: a fixed shape to compare runs, e.g. 14208 as in run 4)")
     ap.add_argument("--timeout", type=float, default=540)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None, help="print the tables of a results JSON and exit")
@@ -256,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     from ep_overlap_body import bench_body
 
     per_rank = spawn_ranks(bench_body, world,
-                           ([(n, PRESETS[n]) for n in names], args.device, dtype, rounds, warmup, chunk_list,
+                           ([(n, dict(PRESETS[n], **({"ffn": args.ffn} if args.ffn else {}))) for n in names], args.device, dtype, rounds, warmup, chunk_list,
                             args.a2a, margins),
                            timeout=args.timeout, backend=backend, pass_group=True,
                            start_method="fork" if backend == "gloo" else "spawn")

@@ -242,9 +242,23 @@ def _agreement(layer, block, x0, x1, gout, comm, chunks: int, margins=()) -> dic
 
 
 def balanced_ffn(shape: dict, group, device, dtype, comm) -> int:
-    """The expert ffn size that makes the experts' fwd+bwd take about as long as the layer's four
-    all-to-alls on this fabric (measured here, at ``shape`` with ffn = ``shape["ffn"]``; compute grows
-    linearly with ffn, the all-to-alls not at all). Every rank gets the same answer (max over ranks)."""
+    """The expert ffn size that makes the experts' fwd+bwd take about half as long as the layer's four
+    all-to-alls on this fabric: communication-bound, where overlap can hide all the compute. Measured here
+    at ``shape["ffn"]``, then once more at the first answer (at a small ffn the experts' time is mostly
+    launch and host time, so one step from there overshot: 14208 in one run, 30080 in another). Compute grows
+    about linearly with ffn, the all-to-alls not at all. Every rank gets the same answer (max over ranks)."""
+    ffn = shape["ffn"]
+    for _ in range(2):
+        ratio = _comm_over_compute(dict(shape, ffn=ffn), group, device, dtype, comm)
+        # Multiples of 128 keep the grouped GEMMs' strides aligned; 64k caps the weights at a few GB.
+        ffn = int(min(65536, max(128, round(ffn * ratio * BALANCED_COMPUTE_SHARE / 128) * 128)))
+    return ffn
+
+
+BALANCED_COMPUTE_SHARE = 0.5  # the experts' fwd+bwd time as a share of the four all-to-alls'
+
+
+def _comm_over_compute(shape: dict, group, device, dtype, comm) -> float:
     layer, _, x0, _, _ = build_layer(shape, group, dist.get_rank(group), device, dtype)
     clock = Clock(group, device, warmup=1)
     for r in range(3):
@@ -255,8 +269,8 @@ def balanced_ffn(shape: dict, group, device, dtype, comm) -> int:
     comp_ms = sum(t[k]["median_ms"] for k in ("alone/experts fwd", "alone/experts dgrad", "alone/experts wgrad"))
     ratio = torch.tensor([comm_ms / max(comp_ms, 1e-6)], dtype=torch.float64, device=device)
     dist.all_reduce(ratio, op=dist.ReduceOp.MAX, group=group)
-    # Multiples of 128 keep the grouped GEMMs' strides aligned; 64k caps the weights at a few GB.
-    return int(min(65536, max(128, round(shape["ffn"] * float(ratio) / 128) * 128)))
+    del layer, x0
+    return float(ratio)
 
 
 def bench_body(rank, world, group, presets, device_type, dtype_name, rounds, warmup, chunk_list, a2a="nccl",
