@@ -30,6 +30,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--a2a", choices=["nccl", "ce", "auto"],
                         help="all-to-all transport (cuda): nccl, ce (copy engines, one host), auto "
                              "(default: auto on cuda with the native fabric, else the process group's own)")
+    parser.add_argument("--sm-margin", default="auto",
+                        help="cuda, 1f1b: SMs the expert GEMMs leave to the all-to-all kernels beside them; auto "
+                             "(default): 8 for NCCL over a network link (several hosts, --fabric emulated-net), else 0")
     parser.add_argument("--no-explain", action="store_true",
                         help="skip timing the step's all-to-alls and expert GEMMs alone after training")
     parser.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit in seconds (default 600)")
@@ -51,12 +54,19 @@ def _options(args):
 
     from moe_overlap.verify.options import VerifyOptions
 
+    margin = args.sm_margin
+    if margin != "auto":
+        try:
+            margin = int(margin)
+        except ValueError:
+            raise CommandError(f"--sm-margin {margin!r}: give auto or an int >= 0 (SMs the expert GEMMs leave to "
+                               "the all-to-all kernels)", field="sm_margin") from None
     try:
         return VerifyOptions(
             config=args.config, nproc=args.nproc, device=args.device, steps=args.steps, max_steps=args.max_steps,
             micro_batches=args.micro_batches, schedule=args.schedule, timeout_s=args.timeout,
             hang_timeout_s=args.hang_timeout, out=args.out, fabric=args.fabric, a2a=args.a2a,
-            explain=not args.no_explain, force=args.force, inject_fault=args.inject_fault,
+            sm_margin=margin, explain=not args.no_explain, force=args.force, inject_fault=args.inject_fault,
             modes=[m.strip() for m in args.modes.split(",") if m.strip()] if args.modes is not None else None)
     except ValidationError as exc:
         err = exc.errors()[0]

@@ -56,3 +56,31 @@ def gemm_sm_margin(margin: int, device: torch.device | None):
         yield
     finally:
         torch._C._set_sm_carveout_experimental(previous)
+
+
+# SMs left to NCCL over a network transport: its all-to-all kernel held 2 blocks over the emulated inter-node
+# link (NCCL 2.27, socket transport; profile_layer.py's nccl_blocks), and margins of 8 and 16 measured alike
+# there, 32 slower (benchmarks/results/h200x2_2026-11-29_r5). 8 leaves room for a few more channels per peer.
+NETWORK_MARGIN = 8
+
+
+def resolve_margin(requested: int | str, *, device: torch.device, nccl_all_to_all: bool, network: bool,
+                   world: int) -> tuple[int, str]:
+    """The margin a run uses and why. ``requested``: an int, or "auto":
+
+    * a network link (ranks on several hosts, or the emulated one) with NCCL's all-to-all: NETWORK_MARGIN;
+    * NCCL over NVLink: 0. Its kernel holds many more SMs there, and leaving 8-32 of them measured no better
+      than 0 at the three EP 2 shapes (docs/benchmarks.md, fifth round); copy engines hold none;
+    * CPU ranks and EP 1 (no all-to-all): 0.
+    """
+    if requested != "auto":
+        margin = check_margin(requested, device)
+        return margin, f"{margin} (asked)"
+    if device.type != "cuda" or world == 1:
+        return 0, "0 (auto: no SM-driven all-to-all here)"
+    if not nccl_all_to_all:
+        return 0, "0 (auto: copy-engine all-to-alls use no SMs)"
+    if network:
+        return NETWORK_MARGIN, f"{NETWORK_MARGIN} (auto: NCCL over a network link holds a few SMs beside the GEMMs)"
+    return 0, "0 (auto: NCCL over NVLink; a margin measured no better)"
+

@@ -140,6 +140,7 @@ def forward_backward(
     streams: torch.cuda.Stream | None = None,
     counts_group=None,
     transport=None,
+    sm_margin: int = 0,
 ) -> StepResult:
     """Forward + backward of all micro-batches; gradients complete and reduced on return.
 
@@ -147,7 +148,9 @@ def forward_backward(
     int64 on the model's device; streams: the CUDA communication stream (None on CPU / to issue
     all-to-alls on gloo's thread); counts_group: a host (gloo) group over the same ranks for the
     token-count exchange (ep/counts.py; None: over `group`); transport: copy-engine all-to-alls
-    (ep/transport.py; None: the group's own). Gradients are reset first (`set_to_none`): one call = one step.
+    (ep/transport.py; None: the group's own); sm_margin: SMs the expert GEMMs of a 1f1b layer pair leave
+    to the all-to-all kernels in flight beside them (ep/sm_margin.py; the other schedules overlap nothing
+    there, or chunked, whose GEMMs it leaves as they are). Gradients are reset first (`set_to_none`): one call = one step.
     Raises StepConfigError (a ValueError; `.rule_id` == "wgrad-requires-overlap" for delayed wgrad
     without 1f1b) on bad options.
     """
@@ -162,7 +165,7 @@ def forward_backward(
     notes: list[str] = []
     store = WgradStore() if delay_wgrad else None
     ctx = NodeContext(group=group, comm_stream=streams, store=store, grad_scale=1.0 / len(batches),
-                      counts_group=counts_group, transport=transport)
+                      counts_group=counts_group, transport=transport, sm_margin=sm_margin)
     runs = [MicroBatchRun(model, t, y, ctx) for t, y in batches]
     if schedule == "1f1b":
         notes += run_1f1b(runs, store)

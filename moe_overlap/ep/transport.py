@@ -101,6 +101,13 @@ class CopyEngineTransport:
         return out, event
 
 
+def host_count(group) -> int:
+    """How many hosts the group's ranks are on (a collective: every rank calls it)."""
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, socket.gethostname(), group=group)
+    return len(set(everyone))
+
+
 def _same_host_with_peer_access(group, device: torch.device) -> tuple[bool, str]:
     world = dist.get_world_size(group)
     here = (socket.gethostname(), device.index)

@@ -166,7 +166,8 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
         environment=RunEnvironment(device=plan.device, backend="nccl" if plan.device == "cuda" else "gloo",
                                    nproc=plan.nproc, python=sys.version.split()[0], torch=torch_version,
                                    platform=platform.platform(), hostname=socket.gethostname(),
-                                   fabric=plan.fabric, a2a_transport=init.get("transport")))
+                                   fabric=plan.fabric, a2a_transport=init.get("transport"),
+                                   sm_margin=init.get("sm_margin")))
     return write_outputs(report, plan.out)
 
 
@@ -248,6 +249,8 @@ def options_command(options: VerifyOptions) -> str:
         parts += ["--fabric", options.fabric]
     if options.a2a:
         parts += ["--a2a", options.a2a]
+    if options.sm_margin != "auto":
+        parts += ["--sm-margin", str(options.sm_margin)]
     if not options.explain:
         parts.append("--no-explain")
     if options.modes:

@@ -18,6 +18,7 @@ def worker_options(plan: Plan) -> list[str]:
     """The worker flags beyond config, modes, out and device (the same for the launcher and torchrun)."""
     out = ["--fabric", plan.fabric] if plan.fabric != "native" else []
     out += ["--a2a", plan.a2a] if plan.a2a else []
+    out += ["--sm-margin", str(plan.sm_margin)] if plan.sm_margin != "auto" else []
     out += ["--max-steps", str(plan.max_steps)] if plan.max_steps > plan.cfg.steps else []
     return out + ([] if plan.explain else ["--no-explain"])
 

@@ -78,7 +78,7 @@ def _load_plan(out: Path) -> Plan:
                 megatron=validated_config(cfg, parsed), nproc=data.nproc, device=data.device,
                 specs=[ModeSpec(**s.model_dump()) for s in data.specs], out=out, notes=list(data.notes),
                 mapping_notes=list(data.mapping_notes), run_id=data.run_id or "", fabric=data.fabric, a2a=data.a2a,
-                explain=data.explain, max_steps=data.max_steps or cfg.steps)
+                sm_margin=data.sm_margin, explain=data.explain, max_steps=data.max_steps or cfg.steps)
 
 
 def _records(out: Path, rank: int) -> list[dict[str, Any]]:

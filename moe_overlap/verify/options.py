@@ -8,7 +8,7 @@ config's steps / micro-batches / schedule.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -38,6 +38,10 @@ class VerifyOptions(BaseModel):
         None, description="all-to-all transport (ep/transport.py): nccl, ce (copy engines, one host), auto; "
                           "default: auto on cuda with the native fabric (copy engines when every rank is on one "
                           "host, NCCL otherwise), the process group's own otherwise (NCCL, gloo on cpu)")
+    sm_margin: Annotated[int, Field(ge=0, le=1024, strict=True)] | Literal["auto"] = Field(
+        "auto", description="cuda, 1f1b: SMs the expert GEMMs leave to the all-to-all kernels beside them "
+                            "(ep/sm_margin.py); auto: 8 for NCCL over a network link (several hosts, or "
+                            "--fabric emulated-net), else 0")
     explain: bool = Field(True, description="after training, time the step's all-to-alls and expert GEMMs alone in "
                                             "the same ranks (the report's split of the step time)")
     timeout_s: float = Field(600.0, gt=0, le=30 * 86400, description="wall-clock limit of the whole run")

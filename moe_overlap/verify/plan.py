@@ -52,6 +52,7 @@ class Plan:
     mapping_notes: list[str] = field(default_factory=list)
     fabric: str = "native"  # ep/fabric.py: the NCCL environment of every rank
     a2a: str | None = None  # ep/transport.py kind; None: the process group's own all-to-all
+    sm_margin: int | str = "auto"  # ep/sm_margin.py: an int, or "auto" (resolved in each rank)
     explain: bool = True  # time the step's pieces alone after training (verify/pieces.py)
     max_steps: int = 0  # steps per mode at most (throughput not settled after cfg.steps); 0: cfg.steps
     force: bool = False  # --force: an earlier run's outputs in `out` may be replaced
@@ -155,6 +156,9 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
     if options.device != "cuda" and options.a2a == "ce":
         raise VerifyInputError("--a2a ce copies between GPUs with their copy engines: it needs --device cuda",
                                field="a2a", fix="add --device cuda, or drop --a2a (CPU ranks use gloo)")
+    if options.device != "cuda" and options.sm_margin not in ("auto", 0):
+        raise VerifyInputError(f"--sm-margin {options.sm_margin} sizes the GPU GEMMs: it needs --device cuda",
+                               field="sm_margin", fix="add --device cuda, or drop --sm-margin")
     try:
         specs, mode_notes = resolve_modes(cfg, options.modes, options.schedule)
     except ModeError as exc:
@@ -164,7 +168,7 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
     return Plan(cfg=cfg, config_source=source, config_kind=kind, raw_source=options.config,
                 megatron=validated_config(cfg, loaded.parsed), nproc=nproc, device=options.device, specs=specs,
                 out=_out_dir(options), notes=notes + mode_notes, mapping_notes=loaded.notes, fabric=options.fabric,
-                a2a=options.a2a, explain=options.explain, max_steps=max_steps, force=options.force)
+                a2a=options.a2a, sm_margin=options.sm_margin, explain=options.explain, max_steps=max_steps, force=options.force)
 
 
 def prepare_out(plan: Plan) -> Path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,6 +43,7 @@ class PlanFile(BaseModel):
     run_id: str | None = Field(None, max_length=64)
     fabric: Literal["native", "emulated-net"] = "native"
     a2a: Literal["nccl", "ce", "auto"] | None = None
+    sm_margin: Annotated[int, Field(ge=0, le=1024, strict=True)] | Literal["auto"] = "auto"
     explain: bool = True
     max_steps: int | None = Field(None, ge=0, le=1_000_000)
 
@@ -51,7 +52,8 @@ def save_plan(plan: Plan) -> Path:
     """plan.json into the (prepared) run folder: every run, local ones too, can be judged again with --judge."""
     data = {"config_source": plan.config_source, "config_kind": plan.config_kind, "nproc": plan.nproc,
             "device": plan.device, "specs": [s.to_dict() for s in plan.specs], "notes": plan.notes,
-            "mapping_notes": plan.mapping_notes, "fabric": plan.fabric, "a2a": plan.a2a, "explain": plan.explain,
+            "mapping_notes": plan.mapping_notes, "fabric": plan.fabric, "a2a": plan.a2a, "sm_margin": plan.sm_margin,
+            "explain": plan.explain,
             "max_steps": plan.max_steps, "run_id": plan.run_id,
             "raw_source": plan.raw_source if isinstance(plan.raw_source, dict | None) else str(plan.raw_source)}
     path = plan.out / PLAN_FILE

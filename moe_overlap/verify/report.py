@@ -132,7 +132,9 @@ def render_markdown(report: VerificationReport) -> str:
              f"{cfg.get('num_moe_experts')} experts, top-{cfg.get('moe_router_topk')}, {cfg.get('precision')}, "
              f"{cfg.get('steps')} steps x {cfg.get('micro_batches')} micro-batches",
              f"- command: `{report.command}`" if report.command else "",
-             f"- fabric {report.environment.fabric}; all-to-all: {report.environment.a2a_transport or 'not recorded'}",
+             f"- fabric {report.environment.fabric}; all-to-all: {report.environment.a2a_transport or 'not recorded'}"
+             + (f"; SM margin of the 1f1b expert GEMMs: {report.environment.sm_margin}"
+                if report.environment.sm_margin else ""),
              "",
              "## Success criteria", "", "| criterion | status | judged | evidence |", "|---|---|---|---|"]
     for c in report.criteria:

@@ -100,6 +100,8 @@ class RunEnvironment(_Model):
     fabric: str = Field("native", description="NCCL fabric of the ranks (ep/fabric.py): native or emulated-net")
     a2a_transport: str | None = Field(None, description="the all-to-all transport the ranks used, and why "
                                                         "(ep/transport.py)")
+    sm_margin: str | None = Field(None, description="SMs the 1f1b expert GEMMs left to the all-to-all kernels, "
+                                                    "and why (ep/sm_margin.py)")
 
 
 class VerificationReport(_Model):

@@ -117,13 +117,15 @@ class ModeRunner:
     """
 
     def __init__(self, cfg: VerifyConfig, spec: ModeSpec, group: Any, device: torch.device, emit, log,
-                 fault: str | None = None, *, counts_group: Any = None, transport: Any = None) -> None:
+                 fault: str | None = None, *, counts_group: Any = None, transport: Any = None,
+                 sm_margin: int = 0) -> None:
         from moe_overlap.ep.model import ModelConfig, MoETransformer
         from moe_overlap.ep.streams import make_comm_stream
 
         self.cfg, self.spec, self.group, self.device, self.emit, self.log = cfg, spec, group, device, emit, log
         # Every mode uses the same host count group and all-to-all transport: only the schedule differs.
         self.counts_group, self.transport = counts_group, transport
+        self.sm_margin = sm_margin  # ep/sm_margin.py: used by the 1f1b modes' expert GEMMs only
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         for line in effective_config_lines(cfg, spec, self.world, device.type):
             log(line)
@@ -165,7 +167,8 @@ class ModeRunner:
         # (benchmarks/ep_overlap_body.py, Clock) is the same reading around one layer after a device sync.
         result = forward_backward(self.model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
                                   chunks=cfg.chunks, group=self.group, streams=self.comm_stream,
-                                  counts_group=self.counts_group, transport=self.transport)
+                                  counts_group=self.counts_group, transport=self.transport,
+                                  sm_margin=self.sm_margin)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t_opt = time.perf_counter()

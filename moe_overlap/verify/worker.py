@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fabric", default="native", help="the NCCL fabric the launcher set up (recorded in the report)")
     ap.add_argument("--a2a", choices=["nccl", "ce", "auto"], default=None,
                     help="all-to-all transport (ep/transport.py); default: the process group's own")
+    ap.add_argument("--sm-margin", default="auto", help="SMs the 1f1b expert GEMMs leave to the all-to-all "
+                    "kernels (ep/sm_margin.py): auto or an int")
     ap.add_argument("--no-explain", action="store_true", help="skip timing the step's pieces alone after training")
     ap.add_argument("--step-budget-s", type=float, default=None,
                     help="stop extending once the modes' step times add up to this (the launcher's timeout share)")
@@ -96,7 +98,23 @@ def throughput_settled(runners, device: str) -> bool:
 
 
 def _comm_setup(cfg, args, group, device, world: int):
-    """The host group for token counts (world > 1) and the all-to-all transport every mode uses."""
+    """The host group for token counts (world > 1), the all-to-all transport every mode uses, a note on it,
+    and the SM margin of the 1f1b expert GEMMs with its reason (ep/sm_margin.py)."""
+    counts_group, transport, note = _transport_setup(cfg, args, group, device, world)
+    from moe_overlap.ep.sm_margin import resolve_margin
+
+    requested = args.sm_margin if args.sm_margin == "auto" else int(args.sm_margin)
+    network = args.fabric != "native"
+    if not network and transport is None and device.type == "cuda" and world > 1:  # same branch on every rank
+        from moe_overlap.ep.transport import host_count
+
+        network = host_count(group) > 1
+    margin, why = resolve_margin(requested, device=device, nccl_all_to_all=transport is None, network=network,
+                                 world=world)
+    return counts_group, transport, note, margin, why
+
+
+def _transport_setup(cfg, args, group, device, world: int):
     import torch
     import torch.distributed as dist
 
@@ -166,9 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend=backend, rank=rank, world_size=world,
                                 **({"device_id": device} if backend == "nccl" else {}))
         group = dist.group.WORLD
-        counts_group, transport, transport_note = _comm_setup(cfg, args, group, device, world)
+        counts_group, transport, transport_note, margin, margin_note = _comm_setup(cfg, args, group, device, world)
         rec.emit("init", backend=backend, device=str(device), torch=torch.__version__, fabric=args.fabric,
-                 a2a=args.a2a, transport=transport_note, counts_group="gloo" if counts_group is not None else None)
+                 a2a=args.a2a, transport=transport_note, counts_group="gloo" if counts_group is not None else None,
+                 sm_margin=margin_note)
         logs = {}
         for spec in specs:
             path = mode_log_path(out, spec.name, rank)
@@ -187,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 mode = spec.name
                 runners.append(ModeRunner(cfg, spec, group, device, rec.emit, logger(spec.name),
                                           fault=args.inject_fault, counts_group=counts_group,
-                                          transport=transport))
+                                          transport=transport, sm_margin=margin))
             # Round-robin over the modes, one step each (see ModeRunner: fair throughput comparison); past
             # cfg.steps only while the throughput judgement is not settled (every rank decides alike).
             max_steps = max(cfg.steps, args.max_steps or cfg.steps)

@@ -22,7 +22,8 @@ import torch
 
 STEPS = 5
 MICRO_BATCHES = 4
-MODES = (("none", False), ("1f1b", False), ("1f1b", True))
+# (schedule, delayed wgrad, SM margin of the 1f1b expert GEMMs: ep/sm_margin.py, the same bits with any)
+MODES = (("none", False, 0), ("1f1b", False, 0), ("1f1b", True, 0), ("1f1b", True, 16))
 CFG = dict(vocab_size=512, hidden=256, ffn=256, num_heads=4, num_layers=3, num_experts=8, topk=2, seed=5)
 
 
@@ -42,7 +43,7 @@ def _body(rank, world, group, device_type):
     out = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for schedule, delay in MODES:
+        for schedule, delay, margin in MODES:
             model = MoETransformer(cfg, group).to(device=device, dtype=torch.bfloat16)
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
             losses, grads = [], None
@@ -53,7 +54,7 @@ def _body(rank, world, group, device_type):
                     tok = torch.randint(0, cfg.vocab_size, (2, 65), generator=gen)
                     batches.append((tok[:, :-1].to(device), tok[:, 1:].to(device)))
                 res = forward_backward(model, batches, schedule=schedule, delay_wgrad=delay, chunks=1,
-                                       group=group, streams=stream)
+                                       group=group, streams=stream, sm_margin=margin)
                 losses.append(res.losses)
                 if step == 0:
                     grads = {n: p.grad.float().cpu().numpy() for n, p in model.named_parameters()}
@@ -61,7 +62,7 @@ def _body(rank, world, group, device_type):
                 opt.step()
             params = {n: p.detach().float().cpu().numpy() for n, p in model.named_parameters()}
             bits = {n: p.detach().view(torch.int16).cpu().numpy() for n, p in model.named_parameters()}
-            out[f"{schedule}+{delay}"] = dict(losses=losses, grads=grads, grads_bits=grads_bits,
+            out[f"{schedule}+{delay}" + (f"+sm{margin}" if margin else "")] = dict(losses=losses, grads=grads, grads_bits=grads_bits,
                                               params=params, params_bits=bits)
     nondet = sorted({str(w.message) for w in caught if "deterministic" in str(w.message).lower()})
     return {"runs": out, "nondeterministic": nondet}
@@ -76,7 +77,7 @@ def compare(result) -> list[str]:
     """Failures (empty = pass): bitwise unless torch reported a nondeterministic op."""
     runs, bitwise = result["runs"], not result["nondeterministic"]
     ref, fails = runs["none+False"], []
-    for name in ("1f1b+False", "1f1b+True"):
+    for name in ("1f1b+False", "1f1b+True", "1f1b+True+sm16"):
         got = runs[name]
         if bitwise:
             if got["losses"] != ref["losses"]:

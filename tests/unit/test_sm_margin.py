@@ -47,3 +47,25 @@ def test_torch_without_carveout_is_a_no_op(monkeypatch):
     assert not sm_margin.available()
     with sm_margin.gemm_sm_margin(32, torch.device("cuda")):
         pass
+
+
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize("kw,margin,word", [
+    (dict(device=torch.device("cpu"), nccl_all_to_all=True, network=True, world=2), 0, "no SM-driven"),
+    (dict(device=CUDA, nccl_all_to_all=True, network=True, world=1), 0, "no SM-driven"),
+    (dict(device=CUDA, nccl_all_to_all=False, network=False, world=2), 0, "copy-engine"),
+    (dict(device=CUDA, nccl_all_to_all=True, network=False, world=2), 0, "NVLink"),
+    (dict(device=CUDA, nccl_all_to_all=True, network=True, world=8), sm_margin.NETWORK_MARGIN, "network"),
+])
+def test_auto_margin_follows_the_all_to_all(kw, margin, word):
+    got, why = sm_margin.resolve_margin("auto", **kw)
+    assert got == margin and word in why and why.startswith(f"{margin} (auto")
+
+
+def test_asked_margin_is_kept_and_checked():
+    assert sm_margin.resolve_margin(24, device=torch.device("cpu"), nccl_all_to_all=False, network=False,
+                                    world=2) == (24, "24 (asked)")
+    with pytest.raises(ValueError, match="sm_margin"):
+        sm_margin.resolve_margin(-2, device=torch.device("cpu"), nccl_all_to_all=True, network=True, world=2)

@@ -17,7 +17,8 @@ from moe_overlap.verify.plan import VerifyInputError, make_plan, prepare_out
 from moe_overlap.verify.plan_file import save_plan
 
 
-@pytest.mark.parametrize("opts,field", [({"fabric": "emulated-net"}, "fabric"), ({"a2a": "ce"}, "a2a")])
+@pytest.mark.parametrize("opts,field", [({"fabric": "emulated-net"}, "fabric"), ({"a2a": "ce"}, "a2a"),
+                                        ({"sm_margin": 8}, "sm_margin")])
 def test_cuda_only_options_are_refused_on_cpu(tmp_path, opts, field):
     with pytest.raises(VerifyInputError) as err:
         make_plan(VerifyOptions(out=tmp_path / "o", **opts))
@@ -33,16 +34,17 @@ def test_defaults_add_nothing(tmp_path):
 def test_fabric_reaches_every_rank_and_the_torchrun_command(tmp_path):
     plan = make_plan(VerifyOptions(out=tmp_path / "o", nproc=2), local=False)
     plan.fabric, plan.a2a, plan.explain, plan.device = "emulated-net", "ce", False, "cuda"
+    plan.sm_margin = 16
     env = rank_environment(plan)
     assert env == fabric_env("emulated-net") and env["NCCL_P2P_DISABLE"] == "1"
     assert _rank_env(1, 2, 29500, 1, env)["NCCL_SHM_DISABLE"] == "1"
     cmd = torchrun_command(plan)
     assert cmd.startswith("NCCL_NET=Socket NCCL_NSOCKS_PERTHREAD=4") and " torchrun " in cmd
-    assert cmd.endswith("--device cuda --fabric emulated-net --a2a ce --no-explain")
+    assert cmd.endswith("--device cuda --fabric emulated-net --a2a ce --sm-margin 16 --no-explain")
     prepare_out(plan)  # the run's own folder (marker, config.json), as --print-launch makes it
     save_plan(plan)
     again = _load_plan(tmp_path / "o")
-    assert (again.fabric, again.a2a, again.explain) == ("emulated-net", "ce", False)
+    assert (again.fabric, again.a2a, again.explain, again.sm_margin) == ("emulated-net", "ce", False, 16)
     data = json.loads((tmp_path / "o" / "plan.json").read_text())
     assert data["fabric"] == "emulated-net"
 
@@ -50,6 +52,26 @@ def test_fabric_reaches_every_rank_and_the_torchrun_command(tmp_path):
 def test_command_line_names_the_options():
     cmd = options_command(VerifyOptions(device="cuda", fabric="emulated-net", a2a="auto", explain=False))
     assert cmd.endswith("--device cuda --fabric emulated-net --a2a auto --no-explain")
+    cmd = options_command(VerifyOptions(device="cuda", sm_margin=12))
+    assert cmd.endswith("--device cuda --sm-margin 12")
+
+
+@pytest.mark.parametrize("bad", [-1, 1025, "8", True, 2.5, "some"])
+def test_bad_sm_margin_is_refused_naming_the_field(bad):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as err:
+        VerifyOptions(sm_margin=bad)
+    assert err.value.errors()[0]["loc"][0] == "sm_margin"
+
+
+def test_cli_sm_margin_errors_name_the_flag(tmp_path, capsys):
+    from moe_overlap.cli import main
+
+    assert main(["verify", "--sm-margin", "lots", "--out", str(tmp_path / "o")]) == 2
+    assert "--sm-margin 'lots'" in capsys.readouterr().err
+    assert main(["verify", "--sm-margin", "-3", "--out", str(tmp_path / "o")]) == 2
+    assert "--sm-margin" in capsys.readouterr().err
 
 
 def test_max_steps_defaults_and_bounds(tmp_path, monkeypatch):
