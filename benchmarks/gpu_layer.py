@@ -160,7 +160,11 @@ def print_table(res: dict) -> None:
                 print(f"  layer {sched:<9} fwd {row['fwd']['median_ms']:.3f} ms  fwd+bwd {row['fwd_bwd']['median_ms']:.3f} ms "
                       f"({row['fwd_bwd_vs_none']:.3f})  torch-elementwise {row['fwd_bwd_torch_elementwise']['median_ms']:.3f}"
                       f"  peak+ {row['peak_extra_bytes'] / 2**20:.0f} MiB  syncs {len(row['host_syncs_fwd_bwd'])}")
-            elif sched == "error":
+            elif isinstance(row, dict) and "fwd_bwd" in row:  # none+graph: fwd+bwd only
+                busy = row.get("profile_fwd_bwd", {}).get("gpu_busy_frac")
+                print(f"  layer {sched:<9} fwd+bwd {row['fwd_bwd']['median_ms']:.3f} ms ({row['fwd_bwd_vs_none']:.3f})  "
+                      f"bitwise vs eager {row['bitwise_vs_eager']}  syncs {len(row['host_syncs_fwd_bwd'])}  gpu busy {busy}")
+            elif sched == "error" or "error" in (row if isinstance(row, dict) else {}):
                 print("  layer error", row)
         m = r.get("megatron", {})
         print(f"  megatron: {m.get('fwd', {}).get('median_ms')} / {m.get('fwd_bwd', {}).get('median_ms')} ms "

@@ -237,10 +237,44 @@ def bench_layer(shape: dict, group) -> dict:
         if chunks <= 2:
             row["profile_fwd_bwd"] = profile_iter(fwd_bwd)
         res[name] = row
+    res["none+graph"] = bench_graphed(layer, x, g)
     base = res["none"]["fwd_bwd"]["median_ms"]
     for row in res.values():
+        if "fwd_bwd" not in row:
+            continue
         row["fwd_bwd_vs_none"] = round(row["fwd_bwd"]["median_ms"] / base, 3)
     return res
+
+
+def bench_graphed(layer, x, g) -> dict:
+    """Schedule none with forward and backward replayed from CUDA graphs (moe_overlap/ep/graphed.py): the
+    same kernels without the host issuing them one by one. Bitwise check against the eager layer."""
+    try:
+        from moe_overlap.ep.graphed import graph_layer
+    except ImportError:  # an older moe_overlap (BENCH_CODE_ROOT) without it
+        return {"error": "moe_overlap.ep.graphed not in this version"}
+
+    layer.zero_grad(set_to_none=True)
+    x.grad = None
+    out, _ = layer(x)
+    out.backward(g)
+    ref = [out.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+    graphed = graph_layer(layer, x)
+
+    def fwd_bwd():
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        o, _ = graphed(x)
+        o.backward(g)
+        return o
+
+    o = fwd_bwd()
+    got = [o.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+    row = {"fwd_bwd": cuda_time(fwd_bwd), "host_syncs_fwd_bwd": host_syncs(fwd_bwd),
+           "bitwise_vs_eager": all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))}
+    row["profile_fwd_bwd"] = profile_iter(fwd_bwd)
+    layer.zero_grad(set_to_none=True)
+    return row
 
 
 def bench_megatron(shape: dict) -> dict:

@@ -1,0 +1,67 @@
+"""A CUDA-graphed EP 1 MoE layer: its forward and backward replayed from two captured graphs.
+
+Why: at small expert shapes the layer is host-bound. At the Qwen3-30B-A3B shape on one H200 the GPU
+is busy 53-75 % of a forward+backward (benchmarks/gpu_layer.py): the host issues about 350 ops
+(benchmarks/host_ops.py) in about as long as the GPU runs them, so the time beyond the expert GEMMs moves
+with the host's speed, not with the kernels. A replayed graph issues them all in one launch.
+
+What can be captured: every op of the layer at EP 1 on CUDA stays on the device. The token counts
+never come to the host (counts.local_plan keeps them as a device tensor, the grouped GEMMs take device
+offsets; tests/gpu/test_transport_gpu.py::test_ep1_layer_has_no_host_sync). At EP > 1 the all-to-all's
+splits are host ints read from the count exchange, a host sync that a graph cannot hold, so
+:func:`graph_layer` refuses it (graph the compute nodes around the all-to-alls instead).
+
+Contract: the graphed callable takes an input of ``sample_x``'s shape, dtype and device and returns
+``(out, aux_loss)`` like ``MoELayer.forward(x)`` with the default options (schedule ``none``); gradients
+reach ``x`` and the layer's parameters through autograd as usual (accumulated into ``.grad``).
+The outputs live in the graph's static buffers: the next replay overwrites them, so read or clone them
+before calling again. Results are bitwise those of the eager layer (the same kernels on the same data;
+tests/gpu/test_graphed_gpu.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class _LayerCall(nn.Module):
+    """``x -> (out, aux_loss)`` of the wrapped layer: the module form ``make_graphed_callables`` takes
+    (its parameters are the layer's, so their gradients flow through the backward graph)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor):
+        out, aux = self.layer(x)
+        return out, aux
+
+
+def check_graphable(layer, sample_x: torch.Tensor) -> None:
+    """ValueError naming what keeps ``layer`` from being captured with inputs like ``sample_x``."""
+    if getattr(layer, "ep_size", 1) != 1:
+        raise ValueError(f"graph_layer: the layer is expert-parallel over {layer.ep_size} ranks; at EP > 1 the "
+                         "all-to-all's splits come to the host (the token counts), which a CUDA graph cannot hold. "
+                         "Graph an EP 1 layer, or the compute nodes between the all-to-alls")
+    if sample_x.device.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"graph_layer: sample_x is on {sample_x.device}; CUDA graphs need a CUDA device "
+                         "(run the layer eagerly on CPU)")
+    w = next(layer.parameters())
+    if w.device != sample_x.device:
+        raise ValueError(f"graph_layer: sample_x is on {sample_x.device}, the layer on {w.device}")
+
+
+def graph_layer(layer, sample_x: torch.Tensor, *, warmup_iters: int = 3):
+    """Capture ``layer``'s forward and backward for inputs like ``sample_x`` [T, D]; returns the callable.
+
+    The capture runs ``warmup_iters`` eager iterations on a side stream first (Triton autotuning and the
+    allocator settle there, outside the graph); they leave the parameters' ``.grad`` as they found it.
+    """
+    check_graphable(layer, sample_x)
+    grads = {p: p.grad for p in layer.parameters()}
+    x = sample_x.detach().clone().requires_grad_(sample_x.requires_grad)
+    graphed = torch.cuda.make_graphed_callables(_LayerCall(layer), (x,), num_warmup_iters=warmup_iters)
+    for p, g in grads.items():  # the warm-up and capture ran backward passes: put the gradients back
+        p.grad = g
+    return graphed
