@@ -45,7 +45,7 @@ CODE_ROOT = os.environ.get("BENCH_CODE_ROOT")
 if CODE_ROOT:  # measure another version of moe_overlap (see the module docstring)
     sys.path.insert(0, str(Path(CODE_ROOT).resolve()))
 
-SECTIONS = ["experts", "permute", "layer", "megatron", "step"]
+SECTIONS = ["experts", "permute", "layer", "graph", "megatron", "step"]
 SHAPES = {
     "qwen3-30b-a3b": dict(hidden=2048, ffn=768, experts=16, tokens=4096, topk=8),
     "deepseek-v3": dict(hidden=7168, ffn=2048, experts=32, tokens=4096, topk=8),
@@ -54,6 +54,7 @@ SHAPES = {
 
 from gpu_sections import (  # noqa: E402
     bench_experts,
+    bench_graph,
     bench_layer,
     bench_megatron,
     bench_permute,
@@ -122,8 +123,14 @@ def main() -> int:
         a.out.write_text(json.dumps(res, indent=2, default=str) + "\n")
 
     for name in a.shapes:
+        res["shapes"][name] = {"shape": SHAPES[name]}
+    if "graph" in a.sections:  # captured before any profiler has run in this process (it comes last there)
+        for name in a.shapes:
+            guarded(res["shapes"][name], "graph", bench_graph, SHAPES[name], dist.group.WORLD)
+            torch.cuda.empty_cache()
+    for name in a.shapes:
         shape = SHAPES[name]
-        r = res["shapes"][name] = {"shape": shape}
+        r = res["shapes"][name]
         for key, fn, args in (("experts", bench_experts, (shape,)), ("permute", bench_permute, (shape, copy_gbps)),
                               ("layer", bench_layer, (shape, dist.group.WORLD)),
                               ("megatron", bench_megatron, (shape,))):
@@ -160,12 +167,17 @@ def print_table(res: dict) -> None:
                 print(f"  layer {sched:<9} fwd {row['fwd']['median_ms']:.3f} ms  fwd+bwd {row['fwd_bwd']['median_ms']:.3f} ms "
                       f"({row['fwd_bwd_vs_none']:.3f})  torch-elementwise {row['fwd_bwd_torch_elementwise']['median_ms']:.3f}"
                       f"  peak+ {row['peak_extra_bytes'] / 2**20:.0f} MiB  syncs {len(row['host_syncs_fwd_bwd'])}")
-            elif isinstance(row, dict) and "fwd_bwd" in row:  # none+graph: fwd+bwd only
-                busy = row.get("profile_fwd_bwd", {}).get("gpu_busy_frac")
-                print(f"  layer {sched:<9} fwd+bwd {row['fwd_bwd']['median_ms']:.3f} ms ({row['fwd_bwd_vs_none']:.3f})  "
-                      f"bitwise vs eager {row['bitwise_vs_eager']}  syncs {len(row['host_syncs_fwd_bwd'])}  gpu busy {busy}")
-            elif sched == "error" or "error" in (row if isinstance(row, dict) else {}):
+            elif sched == "error":
                 print("  layer error", row)
+        gr = r.get("graph", {})
+        if "graph" in gr:
+            raw = e.get("raw_grouped_mm", {}).get("median_ms", 0.0)
+            print(f"  graph: eager {gr['eager']['fwd_bwd_median_ms']:.3f} ms (beyond GEMMs "
+                  f"{gr['eager']['fwd_bwd_median_ms'] - raw:.3f}, gpu busy {gr['eager']['profile']['gpu_busy_frac']}) "
+                  f"graphed {gr['graph']['fwd_bwd_median_ms']:.3f} ms (beyond {gr['graph']['fwd_bwd_median_ms'] - raw:.3f}, "
+                  f"gpu busy {gr['graph']['profile']['gpu_busy_frac']})  bitwise {gr['bitwise_vs_eager']}")
+        elif gr:
+            print("  graph error", gr.get("error"))
         m = r.get("megatron", {})
         print(f"  megatron: {m.get('fwd', {}).get('median_ms')} / {m.get('fwd_bwd', {}).get('median_ms')} ms "
               f"{m.get('error', '')}")

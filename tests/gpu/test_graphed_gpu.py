@@ -18,8 +18,11 @@ def _eager(layer, x, g):
 
 
 @cuda
-@pytest.mark.parametrize("force_balance", [True, False])
-def test_graphed_layer_is_bitwise_the_eager_layer(force_balance):
+@pytest.mark.parametrize("force_balance,z_loss,shape", [
+    (True, 1e-3, (512, 256, 128, 16, 4)), (False, 1e-3, (512, 256, 128, 16, 4)),
+    (True, 0.0, (4096, 2048, 768, 16, 8)),  # the Qwen3-30B-A3B expert shape of benchmarks/gpu_layer.py
+])
+def test_graphed_layer_is_bitwise_the_eager_layer(force_balance, z_loss, shape):
     import torch.distributed as dist
 
     from moe_overlap.ep.graphed import graph_layer
@@ -30,10 +33,11 @@ def test_graphed_layer_is_bitwise_the_eager_layer(force_balance):
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                                 device_id=torch.device("cuda", 0))
     torch.manual_seed(0)
-    layer = MoELayer(256, 128, 16, 4, dist.group.WORLD, force_balance=force_balance, z_loss_coeff=1e-3,
+    T, D, F, E, K = shape
+    layer = MoELayer(D, F, E, K, dist.group.WORLD, force_balance=force_balance, z_loss_coeff=z_loss,
                      dtype=torch.bfloat16, device="cuda")
-    xs = [torch.randn(512, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
-    g = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    xs = [torch.randn(T, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    g = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
     want = [_eager(layer, x, g) for x in xs]
     graphed = graph_layer(layer, xs[0].requires_grad_())
     for x, ref in zip(xs, want, strict=True):  # new inputs are copied into the graph's static buffer
