@@ -59,7 +59,7 @@ def gemm_sm_margin(margin: int, device: torch.device | None):
 
 
 # SMs left to NCCL over a network transport: its all-to-all kernel held 2 blocks over the emulated inter-node
-# link (NCCL 2.27, socket transport; profile_layer.py's nccl_blocks), and margins of 8 and 16 measured alike
+# link (NCCL 2.28.9, socket transport; profile_layer.py's nccl_blocks), and margins of 8 and 16 measured alike
 # there, 32 slower (benchmarks/results/h200x2_2026-11-29_r5). 8 leaves room for a few more channels per peer.
 NETWORK_MARGIN = 8
 
