@@ -14,9 +14,9 @@ def _rt(name, ts, dur, corr):
     return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
 
 
-def _k(name, ts, dur, corr, stream):
-    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
-            "args": {"correlation": corr, "stream": stream}}
+def _k(name, ts, dur, corr, stream, grid=None):
+    args = {"correlation": corr, "stream": stream, **({"grid": grid} if grid else {})}
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": args}
 
 
 def _trace():
@@ -24,8 +24,8 @@ def _trace():
     cudaStreamSynchronize), a triton kernel [350, 400); NCCL on stream 20 [150, 450)."""
     return [
         {"ph": "X", "cat": "user_annotation", "name": "pair#0", "ts": 0, "dur": 360},
-        _rt("cudaLaunchKernel", 10, 5, 1), _k("sm90_xmma_gemm_bf16", 100, 200, 1, 7),
-        _rt("cudaLaunchKernel", 20, 5, 2), _k("ncclDevKernel_SendRecv", 150, 300, 2, 20),
+        _rt("cudaLaunchKernel", 10, 5, 1), _k("sm90_xmma_gemm_bf16", 100, 200, 1, 7, [132, 1, 1]),
+        _rt("cudaLaunchKernel", 20, 5, 2), _k("ncclDevKernel_SendRecv", 150, 300, 2, 20, [2, 1, 1]),
         _rt("cudaStreamSynchronize", 30, 320, 99),
         _rt("cudaLaunchKernel", 352, 4, 3), _k("_swiglu_fwd_kernel", 350, 50, 3, 7),
         # outside any window: ignored
@@ -58,6 +58,7 @@ def test_summary_of_one_window(tmp_path):
     assert s["compute_idle_ms"] == pytest.approx(0.15)
     assert s["top_gaps"][0]["host_call_at_end"] == "cudaStreamSynchronize"
     assert s["nccl_ms"] == pytest.approx(0.3)
+    assert s["nccl_blocks"] == 2  # the NCCL kernel's grid, not the GEMM's
     assert s["comm_concurrent_ms"] == pytest.approx(0.2)  # [150, 300) + [350, 400)
     assert s["host"]["blocking_calls"] == 1 and s["host"]["blocking_ms"] == pytest.approx(0.32)
     assert s["categories_ms"]["gemm"] == pytest.approx(0.2)
