@@ -218,8 +218,9 @@ def _explanation(rows: list[ModeBreakdown], comparisons: dict[str, dict[str, Any
         change.append(f"more EP ranks (EP {nproc} now): each all-to-all sends (N-1)/N of its rows off the rank, "
                       "and beyond one node they cross the network")
     if device == "cuda" and fabric == "native":
-        change.append("an inter-node fabric: over a network-like link the all-to-all uses no SMs and overlaps "
-                      "almost fully (see it on one host with --fabric emulated-net)")
+        change.append("an inter-node fabric: over a network link NCCL's all-to-all holds only a few SMs, which the "
+                      "expert GEMMs leave to it (--sm-margin, auto), and overlaps almost fully (see it on one host "
+                      "with --fabric emulated-net)")
         if "copy engines" not in transport:
             change.append("copy-engine all-to-alls (--a2a ce): NVLink transfers without SMs")
     if device != "cuda":
