@@ -83,4 +83,3 @@ def resolve_margin(requested: int | str, *, device: torch.device, nccl_all_to_al
     if network:
         return NETWORK_MARGIN, f"{NETWORK_MARGIN} (auto: NCCL over a network link holds a few SMs beside the GEMMs)"
     return 0, "0 (auto: NCCL over NVLink; a margin measured no better)"
-

@@ -149,8 +149,8 @@ def forward_backward(
     all-to-alls on gloo's thread); counts_group: a host (gloo) group over the same ranks for the
     token-count exchange (ep/counts.py; None: over `group`); transport: copy-engine all-to-alls
     (ep/transport.py; None: the group's own); sm_margin: SMs the expert GEMMs of a 1f1b layer pair leave
-    to the all-to-all kernels in flight beside them (ep/sm_margin.py; the other schedules overlap nothing
-    there, or chunked, whose GEMMs it leaves as they are). Gradients are reset first (`set_to_none`): one call = one step.
+    to the all-to-all kernels in flight beside them (ep/sm_margin.py; the other schedules ignore it).
+    Gradients are reset first (`set_to_none`): one call = one step.
     Raises StepConfigError (a ValueError; `.rule_id` == "wgrad-requires-overlap" for delayed wgrad
     without 1f1b) on bad options.
     """
