@@ -70,7 +70,9 @@ def resolve_margin(requested: int | str, *, device: torch.device, nccl_all_to_al
 
     * a network link (ranks on several hosts, or the emulated one) with NCCL's all-to-all: NETWORK_MARGIN;
     * NCCL over NVLink: 0. Its kernel holds many more SMs there, and leaving 8-32 of them measured no better
-      than 0 at the three EP 2 shapes (docs/benchmarks.md, fifth round); copy engines hold none;
+      than 0 at the three EP 2 shapes (docs/benchmarks.md, fifth round);
+    * copy engines: 0. Their only kernels are two one-block barriers per all-to-all; margins of 2 and 8
+      measured no better (same section);
     * CPU ranks and EP 1 (no all-to-all): 0.
     """
     if requested != "auto":
@@ -79,7 +81,7 @@ def resolve_margin(requested: int | str, *, device: torch.device, nccl_all_to_al
     if device.type != "cuda" or world == 1:
         return 0, "0 (auto: no SM-driven all-to-all here)"
     if not nccl_all_to_all:
-        return 0, "0 (auto: copy-engine all-to-alls use no SMs)"
+        return 0, "0 (auto: copy-engine all-to-alls; a margin measured no better)"
     if network:
         return NETWORK_MARGIN, f"{NETWORK_MARGIN} (auto: NCCL over a network link holds a few SMs beside the GEMMs)"
     return 0, "0 (auto: NCCL over NVLink; a margin measured no better)"
