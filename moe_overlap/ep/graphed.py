@@ -34,8 +34,7 @@ class _LayerCall(nn.Module):
         self.layer = layer
 
     def forward(self, x: torch.Tensor):
-        out, aux = self.layer(x)
-        return out, aux
+        return self.layer(x)
 
 
 def check_graphable(layer, sample_x: torch.Tensor) -> None:
@@ -56,12 +55,9 @@ def graph_layer(layer, sample_x: torch.Tensor, *, warmup_iters: int = 3):
     """Capture ``layer``'s forward and backward for inputs like ``sample_x`` [T, D]; returns the callable.
 
     The capture runs ``warmup_iters`` eager iterations on a side stream first (Triton autotuning and the
-    allocator settle there, outside the graph); they leave the parameters' ``.grad`` as they found it.
+    allocator settle there, outside the graph). Their backward passes, like the captured one, go through
+    ``torch.autograd.grad``, so the parameters' ``.grad`` is left as it was.
     """
     check_graphable(layer, sample_x)
-    grads = {p: p.grad for p in layer.parameters()}
     x = sample_x.detach().clone().requires_grad_(sample_x.requires_grad)
-    graphed = torch.cuda.make_graphed_callables(_LayerCall(layer), (x,), num_warmup_iters=warmup_iters)
-    for p, g in grads.items():  # the warm-up and capture ran backward passes: put the gradients back
-        p.grad = g
-    return graphed
+    return torch.cuda.make_graphed_callables(_LayerCall(layer), (x,), num_warmup_iters=warmup_iters)
