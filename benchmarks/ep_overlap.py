@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from moe_overlap.verify.ranks import spawn_ranks
+    from moe_overlap.verify.run.ranks import spawn_ranks
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no CUDA device here (use --device cpu --preset tiny for the smoke run)", file=sys.stderr)

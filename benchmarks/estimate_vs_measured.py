@@ -3,7 +3,7 @@
 
     python benchmarks/estimate_vs_measured.py [--rounds 7] [--chunks 4] [--out benchmarks/results/...json]
 
-Each rank builds the calibration probes (``moe_overlap.verify.calibrate``) and one ``MoELayer`` per shape
+Each rank builds the calibration probes (``moe_overlap.verify.calibrate.machine``) and one ``MoELayer`` per shape
 (fp32, balanced routing as the estimator assumes). Rounds interleave everything: all probes, then every
 shape with schedule ``none`` and ``chunked``. Every time is the median over rounds of the slowest rank
 (the machine is 2 cores shared with other jobs: medians damp that noise, they do not remove it; the
@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from moe_overlap.skill.estimate.api import estimate_overlap_benefit, parse_request  # noqa: E402
-from moe_overlap.verify.calibrate import calibration_from, slowest_median  # noqa: E402
-from moe_overlap.verify.ranks import run_ranks  # noqa: E402
+from moe_overlap.verify.calibrate.machine import calibration_from, slowest_median  # noqa: E402
+from moe_overlap.verify.run.ranks import run_ranks  # noqa: E402
 
 # tokens per rank, hidden, expert ffn, experts, top-k: from all-to-all-heavy (small F) to GEMM-heavy.
 SHAPES = [
@@ -47,7 +47,7 @@ def _rank(rank: int, world: int, shapes: list[dict], chunks: int, rounds: int) -
     import torch
 
     from moe_overlap.ep.layer import MoELayer
-    from moe_overlap.verify.calibrate import _sync, _time_once, make_probes, time_round
+    from moe_overlap.verify.calibrate.machine import _sync, _time_once, make_probes, time_round
 
     probes, sizes = make_probes(rank, world, "fp32", "cpu", 1.0)
     sync = _sync(torch.device("cpu"))

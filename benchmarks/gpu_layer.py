@@ -96,7 +96,7 @@ def main() -> int:
         return 2
     import torch.distributed as dist
 
-    from moe_overlap.verify.ranks import free_port
+    from moe_overlap.verify.run.ranks import free_port
 
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                             device_id=torch.device("cuda", 0))

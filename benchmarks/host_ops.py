@@ -35,7 +35,7 @@ def count(shape: str, device: str = "cuda", iters: int = 4) -> tuple[dict[str, f
     from torch.profiler import ProfilerActivity, profile
 
     from moe_overlap.ep.layer import MoELayer
-    from moe_overlap.verify.ranks import free_port
+    from moe_overlap.verify.run.ranks import free_port
 
     cuda = device == "cuda"
     if cuda:

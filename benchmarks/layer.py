@@ -220,7 +220,7 @@ def main() -> int:
             shape[k] = getattr(args, k)
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     chunk_list = [int(c) for c in args.chunks.split(",") if c]
-    from moe_overlap.verify.ranks import spawn_ranks
+    from moe_overlap.verify.run.ranks import spawn_ranks
 
     backend = "nccl" if args.device == "cuda" else "gloo"
     runs = []

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from moe_overlap.verify.ranks import RankError, spawn_ranks
+    from moe_overlap.verify.run.ranks import RankError, spawn_ranks
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = args.preset or (list(GPU_PRESETS) if args.device == "cuda" else ["tiny"])

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from moe_overlap.ep.fabric import fabric_env
-    from moe_overlap.verify.ranks import spawn_ranks
+    from moe_overlap.verify.run.ranks import spawn_ranks
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no CUDA device here", file=sys.stderr)

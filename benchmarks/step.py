@@ -113,7 +113,7 @@ def bench_body(rank, world, group, preset, device_type, rounds, chunks, dtype_na
 
 
 def run(device: str, worlds: list[int], preset_name: str, rounds: int, chunks: int, dtype: str) -> dict:
-    from moe_overlap.verify.ranks import spawn_ranks
+    from moe_overlap.verify.run.ranks import spawn_ranks
 
     preset = PRESETS[preset_name]
     rows = []
@@ -141,7 +141,7 @@ def run(device: str, worlds: list[int], preset_name: str, rounds: int, chunks: i
 def _single_rank(preset, rounds, chunks, dtype):
     import torch.distributed as dist
 
-    from moe_overlap.verify.ranks import free_port
+    from moe_overlap.verify.run.ranks import free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:

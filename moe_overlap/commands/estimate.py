@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--calibrate and --from-run both give the machine's rates", field="from_run",
                            fix="keep one of them")
     if args.from_run:
-        from moe_overlap.verify.run_calibration import RunCalibrationError, calibration_from_run
+        from moe_overlap.verify.calibrate.run_calibration import RunCalibrationError, calibration_from_run
 
         try:
             data["calibration"] = calibration_from_run(args.from_run)[0].model_dump()
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--calibrate-backend only applies to a calibration run", field="calibrate_backend",
                            fix="add --calibrate, or drop --calibrate-backend")
     if args.calibrate:
-        from moe_overlap.verify.calibrate import CalibrationFailed, CalibrationUnavailable, calibrate
+        from moe_overlap.verify.calibrate.machine import CalibrationFailed, CalibrationUnavailable, calibrate
 
         try:
             # Calibrate in the precision being estimated: CPU bf16 GEMMs run at another rate than fp32.

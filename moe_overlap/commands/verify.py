@@ -1,6 +1,6 @@
 """`moe-overlap verify [CONFIG]`: A/B verification runs of the included MoE implementation, judged by the
 seed's four success criteria (exit 0 passed or throughput-not-judged / 1 any other verdict / 2 bad input,
-nothing launched). `--format json` prints the outcome: verify/summary.py's summary, the failure, the path of
+nothing launched). `--format json` prints the outcome: verify/judge/summary.py's summary, the failure, the path of
 report.json (every step, each criterion's evidence)."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def add_arguments(parser) -> None:
 def _options(args):
     from pydantic import ValidationError
 
-    from moe_overlap.verify.options import VerifyOptions
+    from moe_overlap.verify.plan.options import VerifyOptions
 
     margin = args.sm_margin
     if margin != "auto":
@@ -96,7 +96,7 @@ def _progress_printer(quiet: bool):
 
 
 def _text(report) -> str:
-    from moe_overlap.verify.summary import render_summary, verification_summary
+    from moe_overlap.verify.judge.summary import render_summary, verification_summary
 
     lines = render_summary(verification_summary(report)).splitlines()
     if report.failure is not None:
@@ -110,20 +110,20 @@ def _text(report) -> str:
 
 def run(args) -> int:
     from moe_overlap.verify.api import run_verification
-    from moe_overlap.verify.plan import VerifyInputError, make_plan
+    from moe_overlap.verify.plan.build import VerifyInputError, make_plan
 
     options = _options(args)
     try:
         if args.print_launch:
-            from moe_overlap.verify.launch_print import slurm_script, torchrun_command
-            from moe_overlap.verify.offline import write_plan
+            from moe_overlap.verify.judge.offline import write_plan
+            from moe_overlap.verify.run.launch_print import slurm_script, torchrun_command
 
             plan = make_plan(options, local=False)
             write_plan(plan)
             print(torchrun_command(plan) if args.print_launch == "torchrun" else slurm_script(plan))
             return EXIT_OK
         if args.judge:
-            from moe_overlap.verify.offline import judge_run_dir
+            from moe_overlap.verify.judge.offline import judge_run_dir
 
             report = judge_run_dir(args.judge)
         else:
@@ -131,7 +131,7 @@ def run(args) -> int:
     except VerifyInputError as exc:
         raise CommandError(exc.message, field=exc.field, fix=exc.fix) from None
     if args.format == "json":  # the summary first and where the report is: what the MCP tools answer too
-        from moe_overlap.verify.outcome import outcome
+        from moe_overlap.verify.judge.outcome import outcome
 
         emit(outcome(report), "json")
     else:

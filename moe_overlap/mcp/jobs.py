@@ -171,7 +171,7 @@ class JobManager:
 def kill_ranks_now() -> None:
     """Every rank process a verification of this process started, killed at once (no report is waited for).
     Nothing to do when no verification ever ran (the launcher module was never imported)."""
-    launcher = sys.modules.get("moe_overlap.verify.launcher")
+    launcher = sys.modules.get("moe_overlap.verify.run.launcher")
     if launcher is not None:
         launcher.kill_every_rank()
 

@@ -12,8 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from moe_overlap.jsonout import compact_json
-from moe_overlap.verify.progress import RunProgress
-from moe_overlap.verify.summary import VerificationSummary
+from moe_overlap.verify.judge.summary import VerificationSummary
+from moe_overlap.verify.run.progress import RunProgress
 
 MAX_STATUS_CHARS = 3500  # a verification result, as compact JSON; the report resource has everything
 MIN_CUT_CHARS = 80
@@ -26,7 +26,7 @@ class VerificationStatus(BaseModel):
         description="succeeded: the run finished (its verdict is in summary)")
     elapsed_s: float
     progress: RunProgress | None = None
-    summary: VerificationSummary | None = Field(None, description="when finished (verify/summary.py)")
+    summary: VerificationSummary | None = Field(None, description="when finished (verify/judge/summary.py)")
     failure: str | None = Field(None, description="what failed, when a rank or the launch did")
     report_uri: str | None = Field(None, description="resources/read it for the full report (every step, "
                                                      "criterion evidence)")

@@ -2,7 +2,7 @@
 
 The run itself is `moe_overlap.verify.api.run_verification` in a job thread (jobs.py); it launches only
 our own worker module with validated options, never a client-given command. Blocking calls forward
-the run's progress (verify.progress: start-up, steps x modes, judging); if the client cancels the
+the run's progress (verify.run.progress: start-up, steps x modes, judging); if the client cancels the
 request (or goes away), the job is cancelled and waited for, so its rank processes end with it.
 A result is the status and the summary; the whole report is `moe-overlap://jobs/<id>/report.json`.
 Torch-free: torch runs in the rank processes.
@@ -27,7 +27,7 @@ from moe_overlap.mcp.toolkit import ArgumentGuard, annotations, model_tool
 from moe_overlap.mcp.tools_skill import as_tool_error, config_source
 from moe_overlap.mcp.wording import flags_as_arguments
 from moe_overlap.mcp.work import bounded
-from moe_overlap.verify.progress import ProgressTracker
+from moe_overlap.verify.run.progress import ProgressTracker
 
 if TYPE_CHECKING:  # the input models are imported on a tool's first call (catalog.py)
     from moe_overlap.mcp import inputs as ins
@@ -73,12 +73,12 @@ def _flags(data: Any) -> Any:
 
 def status_of(job: Job, *, with_children: bool = False) -> Any:
     """The job's state and progress, and once it has finished the outcome `moe-overlap verify --format json`
-    prints (verify/outcome.py), fitted to a result's size; the report itself is the job's resource.
+    prints (verify/judge/outcome.py), fitted to a result's size; the report itself is the job's resource.
 
     The result models are imported here, on the first call: the server starts without them.
     """
     from moe_overlap.mcp.results import VerificationStatus, fit
-    from moe_overlap.verify.outcome import outcome
+    from moe_overlap.verify.judge.outcome import outcome
 
     tracker = job.view if isinstance(job.view, ProgressTracker) else None
     done = outcome(job.result) if job.result is not None else None
@@ -148,8 +148,8 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
         return folder[0]
 
     def options_for(inp: ins.RunVerificationInput) -> Any:
-        from moe_overlap.verify.options import VerifyOptions
-        from moe_overlap.verify.plan import VerifyInputError, make_plan
+        from moe_overlap.verify.plan.build import VerifyInputError, make_plan
+        from moe_overlap.verify.plan.options import VerifyOptions
 
         source = config_source(inp, roots)
         out = runs_folder() / f"run-{uuid.uuid4().hex[:12]}"

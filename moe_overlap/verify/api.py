@@ -3,7 +3,7 @@
     report = run_verification(VerifyOptions(), progress=print, cancel=threading.Event())
 
 `progress(dict)` receives {"event": "start"|"ranks"|"init"|"mode"|"step"|"judge"|"done", "mode", "step", "steps",
-"elapsed_s", ...}; verify.progress turns them into one growing count, which the CLI prints on stderr and the
+"elapsed_s", ...}; verify.run.progress turns them into one growing count, which the CLI prints on stderr and the
 MCP server sends as notifications/progress. Setting `cancel` kills every rank; the report is
 still written (verdict `cancelled`). Bad input raises VerifyInputError before anything is launched.
 """
@@ -23,9 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from moe_overlap.verify.explain import build_analysis
-from moe_overlap.verify.interrupts import interrupts_once
-from moe_overlap.verify.judge import (
+from moe_overlap.verify.judge.criteria import (
     criterion_completion,
     criterion_loss,
     criterion_throughput,
@@ -33,20 +31,22 @@ from moe_overlap.verify.judge import (
     headline,
     verdict,
 )
-from moe_overlap.verify.launch_print import rank_environment, worker_options
-from moe_overlap.verify.launcher import LaunchResult, launch
-from moe_overlap.verify.options import VerifyOptions
-from moe_overlap.verify.plan import Plan, VerifyInputError, make_plan, prepare_out, validate_modes
-from moe_overlap.verify.plan_file import save_plan
-from moe_overlap.verify.records import mode_log_path
-from moe_overlap.verify.report import write_outputs
-from moe_overlap.verify.report_model import (
+from moe_overlap.verify.judge.explain import build_analysis
+from moe_overlap.verify.judge.report import write_outputs
+from moe_overlap.verify.judge.report_model import (
     ModeRun,
     RankFailure,
     RunEnvironment,
     StepRecord,
     VerificationReport,
 )
+from moe_overlap.verify.plan.build import Plan, VerifyInputError, make_plan, prepare_out, validate_modes
+from moe_overlap.verify.plan.options import VerifyOptions
+from moe_overlap.verify.plan.plan_file import save_plan
+from moe_overlap.verify.run.interrupts import interrupts_once
+from moe_overlap.verify.run.launch_print import rank_environment, worker_options
+from moe_overlap.verify.run.launcher import LaunchResult, launch
+from moe_overlap.verify.run.records import mode_log_path
 
 __all__ = ["run_verification", "VerifyInputError", "VerifyOptions"]
 

@@ -10,7 +10,7 @@ Usage (the function must be importable at module level, e.g. defined in the test
 
 A child that raises makes ``run_ranks`` raise ``RankError`` with every failing rank's traceback;
 a child still running at ``timeout`` seconds is killed (by its own pid) and ``RankTimeout`` is raised.
-The launcher itself is ``moe_overlap.verify.ranks.spawn_ranks`` (shared with calibration).
+The launcher itself is ``moe_overlap.verify.run.ranks.spawn_ranks`` (shared with calibration).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from moe_overlap.verify.ranks import RankError, RankTimeout, free_port, spawn_ranks
+from moe_overlap.verify.run.ranks import RankError, RankTimeout, free_port, spawn_ranks
 
 __all__ = ["RankError", "RankTimeout", "free_port", "run_ranks"]
 

@@ -10,7 +10,7 @@ import sys
 from moe_overlap.skill.estimate.api import estimate_overlap_benefit, parse_request
 from moe_overlap.skill.estimate.model import Calibration
 
-_CALIBRATE = ("from moe_overlap.verify.calibrate import calibrate; "
+_CALIBRATE = ("from moe_overlap.verify.calibrate.machine import calibrate; "
               "print(calibrate(backend='gloo', world=2, precision='fp32', rounds=1, timeout_s=300).model_dump_json())")
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from moe_overlap.skill.diagnose.logs import check_training_log
 from moe_overlap.verify.api import run_verification
-from moe_overlap.verify.options import VerifyOptions
-from moe_overlap.verify.plan import VerifyInputError, make_plan, prepare_out
+from moe_overlap.verify.plan.build import VerifyInputError, make_plan, prepare_out
+from moe_overlap.verify.plan.options import VerifyOptions
 from tests.distributed._verify_util import assert_no_orphans, assert_report_valid, new_token
 
 
@@ -52,7 +52,7 @@ def test_invalid_config_exits_2(tmp_path):
 
 
 def test_existing_report_needs_force(tmp_path):
-    from moe_overlap.verify.outdir import MARKER
+    from moe_overlap.verify.plan.outdir import MARKER
 
     (tmp_path / MARKER).write_text("{}")  # an earlier run of ours
     (tmp_path / "report.json").write_text("{}")
@@ -82,7 +82,7 @@ def test_megatron_bridge_config_is_mapped_with_notes(tmp_path):
 def test_print_launch(tmp_path):
     res = _cli("--nproc", "16", "--device", "cuda", "--print-launch", "torchrun", "--out", str(tmp_path / "o"))
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("torchrun --nnodes 1 --nproc-per-node 16 -m moe_overlap.verify.worker")
+    assert res.stdout.startswith("torchrun --nnodes 1 --nproc-per-node 16 -m moe_overlap.verify.run.worker")
     assert json.loads((tmp_path / "o" / "config.json").read_text())["expert_model_parallel_size"] == 16
     res = _cli("--nproc", "16", "--device", "cuda", "--print-launch", "slurm", "--out", str(tmp_path / "s"))
     assert res.returncode == 0 and "#SBATCH --nodes=2" in res.stdout and "srun" in res.stdout

@@ -11,8 +11,9 @@ import signal
 
 import pytest
 
-from moe_overlap.verify import launcher, plan, worker
-from moe_overlap.verify.options import VerifyOptions
+from moe_overlap.verify.plan import build as plan
+from moe_overlap.verify.plan.options import VerifyOptions
+from moe_overlap.verify.run import launcher, worker
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from moe_overlap.verify.api import run_verification
-from moe_overlap.verify.options import VerifyOptions
+from moe_overlap.verify.plan.options import VerifyOptions
 from tests.distributed._verify_util import assert_no_orphans, assert_report_valid, new_token
 
 pytestmark = pytest.mark.slow

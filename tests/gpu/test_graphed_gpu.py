@@ -27,7 +27,7 @@ def test_graphed_layer_is_bitwise_the_eager_layer(force_balance, z_loss, shape):
 
     from moe_overlap.ep.graphed import graph_layer
     from moe_overlap.ep.layer import MoELayer
-    from moe_overlap.verify.ranks import free_port
+    from moe_overlap.verify.run.ranks import free_port
 
     if not dist.is_initialized():
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moe_overlap.verify.api import run_verification
-from moe_overlap.verify.options import VerifyOptions
+from moe_overlap.verify.plan.options import VerifyOptions
 from tests.distributed._verify_util import assert_report_valid
 
 pytestmark = pytest.mark.gpu

@@ -33,7 +33,7 @@ def _ranks(pid: int | None = None) -> list[int]:
     for child in descendant_pids(pid):
         try:
             with open(f"/proc/{child}/cmdline", "rb") as fh:
-                if b"moe_overlap.verify.worker" in fh.read():
+                if b"moe_overlap.verify.run.worker" in fh.read():
                     out.append(child)
         except OSError:
             pass

@@ -207,7 +207,7 @@ async def test_prompt_arguments_are_typed(server, mode):
 
 def test_a_verification_result_is_cut_to_fit_whatever_the_run_said():
     from moe_overlap.mcp.results import MAX_STATUS_CHARS, VerificationStatus, fit
-    from moe_overlap.verify.summary import CriterionLine, ModeLine, VerificationSummary
+    from moe_overlap.verify.judge.summary import CriterionLine, ModeLine, VerificationSummary
 
     long = "the ranks disagree on the step time because " * 40
     summary = VerificationSummary(

@@ -204,7 +204,7 @@ async def test_blocking_verification_reports_progress(server):
     assert text_of(result) == compact_json(status)
     assert [r["mode"] for r in report["runs"]] == ["baseline", "overlap"]
     assert [len(r["steps"]) for r in report["runs"]] == [3, 3]
-    summary = status["summary"]  # verify/summary.py, the same as the CLI's text
+    summary = status["summary"]  # verify/judge/summary.py, the same as the CLI's text
     # The CLI's flags in the verify summary read as this tool's arguments: `--steps 4` -> `steps=4`.
     assert summary["verdict"] == "throughput-not-judged"
     assert summary["headline"] == flags_as_arguments(report["summary"], "verify") and "--" not in summary["headline"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from moe_overlap.verify.calibrate import A2A_BYTES, LOCAL_SHAPES, calibration_from
+from moe_overlap.verify.calibrate.machine import A2A_BYTES, LOCAL_SHAPES, calibration_from
 
 
 def _per_rank(local_time, a2a_time, dense=40e9):

@@ -260,7 +260,7 @@ def test_cli_bad_input_exit_2(capsys):
 
 def test_estimator_does_not_import_torch():
     code = ("import sys; import moe_overlap.skill.estimate.api, moe_overlap.commands.estimate, "
-            "moe_overlap.verify.calibrate; sys.exit(1 if 'torch' in sys.modules else 0)")
+            "moe_overlap.verify.calibrate.machine; sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -271,7 +271,7 @@ def test_chunked_backward_pays_the_weight_gradient_write_per_chunk():
 
 # ------------------------------------------------------------------ calibration maths (torch-free parts)
 def test_fit_nonnegative_recovers_and_clips():
-    from moe_overlap.verify.calibrate import fit_nonnegative
+    from moe_overlap.verify.calibrate.machine import fit_nonnegative
 
     feats = [[1.0, x, x * x] for x in (1.0, 2.0, 3.0, 5.0, 8.0)]
     coef = fit_nonnegative(feats, [2 + 3 * x + 0.5 * x * x for _, x, _ in feats])
@@ -281,7 +281,7 @@ def test_fit_nonnegative_recovers_and_clips():
 
 
 def test_calibration_from_synthetic_probes():
-    from moe_overlap.verify.calibrate import A2A_BYTES, LOCAL_SHAPES, calibration_from
+    from moe_overlap.verify.calibrate.machine import A2A_BYTES, LOCAL_SHAPES, calibration_from
 
     rate, c_d, c_f, c_w, fixed, dense = 50e9, 2e-9, 3e-9, 1e-9, 1e-3, 40e9
     lat, bw = 5e-4, 1e9
@@ -320,7 +320,7 @@ def test_cli_link_gbps_sets_both_levels(capsys):
 
 
 def test_cli_nccl_calibration_without_gpus_is_bad_input(capsys, monkeypatch):
-    from moe_overlap.verify import calibrate
+    from moe_overlap.verify.calibrate import machine as calibrate
 
     monkeypatch.setattr(calibrate, "_cuda_available", lambda world: False)
     monkeypatch.setattr(calibrate, "run_ranks", lambda *a, **k: pytest.fail("no rank may start"))

@@ -133,7 +133,7 @@ def test_issue_cases_verify_config(tmp_path, value):
 
 @pytest.mark.parametrize("plan", ["{}", '{"nproc": 1e9}'])
 def test_issue_cases_verify_judge(tmp_path, plan):
-    from moe_overlap.verify.outdir import MARKER
+    from moe_overlap.verify.plan.outdir import MARKER
 
     (tmp_path / MARKER).write_text("{}")
     (tmp_path / "plan.json").write_text(plan)

@@ -16,7 +16,7 @@ from moe_overlap.skill.generate.presets import PRESETS, get_preset
 from moe_overlap.skill.generate.render import FORMATS, render
 from moe_overlap.skill.generate.resolve import STAGES, GenerateError
 from moe_overlap.skill.rules.flex_backend import apply_flex_dispatcher_backend
-from moe_overlap.verify.config import VerifyConfig
+from moe_overlap.verify.plan.config import VerifyConfig
 
 ENV = {"torch_version": "2.6.0", "te_version": "2.7.0", "gpu": "H100"}
 
@@ -261,7 +261,7 @@ def test_malformed_request_raises_generate_error_from_the_api():
 
 
 def test_verify_reads_the_moe_overlap_format_as_its_own():
-    from moe_overlap.verify.config import load_verify_config
+    from moe_overlap.verify.plan.config import load_verify_config
 
     rendered = _gen(ep=2, experts=8, stage="overlap+wgrad", to="moe-overlap", micro_batches=4, **ENV).stages[0].rendered
     loaded = load_verify_config(yaml.safe_load(rendered))

@@ -18,8 +18,11 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "moe_overlap"
 SKILL = PACKAGE / "skill"
+VERIFY = PACKAGE / "verify"
 MAX_LINES = 400
 MAX_SKILL_TOP_MODULES = 8
+MAX_VERIFY_TOP_MODULES = 2  # __init__.py and api.py: everything else lives in a subpackage by job
+MAX_MODULES_PER_FOLDER = 12
 # What no skill/ module may import: the torch side, the run side and the wiring.
 SKILL_FORBIDDEN = ("moe_overlap.ep", "moe_overlap.verify", "moe_overlap.mcp", "moe_overlap.commands",
                    "moe_overlap.server", "moe_overlap.cli")
@@ -159,27 +162,60 @@ def test_skill_top_level_is_small():
 
 def _allowed(package: Path) -> tuple[str, ...]:
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
-    match = re.search(r"^May import: (.*)$", doc, re.MULTILINE)
-    assert match, f"{package.relative_to(PACKAGE.parent)}/__init__.py: the docstring needs a 'May import:' line"
+    # The docstring ends with the line; a long list may wrap onto the lines after it.
+    match = re.search(r"^May import: (.*)\Z", doc, re.MULTILINE | re.DOTALL)
+    assert match, f"{package.relative_to(PACKAGE.parent)}/__init__.py: the docstring must end with a 'May import:' line"
     return tuple(re.findall(r"moe_overlap(?:\.[a-z_]+)+", match.group(1)))
 
 
-def test_skill_subpackages_import_only_what_their_docstring_allows():
-    graph = import_graph()
-    subpackages = sorted(p for p in SKILL.iterdir() if p.is_dir() and p.name != "__pycache__")
-    assert subpackages, "skill/ has no subpackages"
+def _subpackages(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if (p / "__init__.py").is_file())
+
+
+def _outside_docstring(root: Path, graph: dict[str, set[str]]) -> list[str]:
+    """The imports of root's subpackages that the subpackage's 'May import:' line does not allow."""
     problems = []
-    for package in subpackages:
-        own = f"moe_overlap.skill.{package.name}"
+    for package in _subpackages(root):
+        own = ".".join(package.relative_to(PACKAGE.parent).parts)
         allowed = (own, *_allowed(package))
         for name, targets in graph.items():
             if name != own and not name.startswith(own + "."):
                 continue
             problems += [f"{name} imports {t} (allowed: {', '.join(allowed)})" for t in sorted(targets)
                          if not any(t == a or t.startswith(a + ".") for a in allowed)]
+    return problems
+
+
+def test_skill_subpackages_import_only_what_their_docstring_allows():
+    graph = import_graph()
+    assert _subpackages(SKILL), "skill/ has no subpackages"
+    problems = _outside_docstring(SKILL, graph)
     problems += [f"{name} imports {t}" for name, targets in graph.items() if name.startswith("moe_overlap.skill")
                  for t in targets if t.startswith(SKILL_FORBIDDEN)]
     assert not problems, "\n".join(problems)
+
+
+def test_verify_subpackages_import_only_what_their_docstring_allows():
+    graph = import_graph()
+    assert {p.name for p in _subpackages(VERIFY)} >= {"plan", "run", "judge", "calibrate"}
+    problems = _outside_docstring(VERIFY, graph)
+    # The run side never reaches back into the wiring that calls it.
+    problems += [f"{name} imports {t}" for name, targets in graph.items() if name.startswith("moe_overlap.verify")
+                 for t in targets if t.startswith(SKILL_FORBIDDEN[2:])]
+    assert not problems, "\n".join(problems)
+
+
+def test_verify_top_level_is_only_the_entry_point():
+    modules = sorted(p.name for p in VERIFY.glob("*.py"))
+    assert len(modules) <= MAX_VERIFY_TOP_MODULES, f"verify/ has {len(modules)} top-level modules: {modules}"
+
+
+def test_no_package_folder_holds_too_many_modules():
+    crowded = {str(d.relative_to(PACKAGE.parent)): n for d in [PACKAGE, *PACKAGE.rglob("*")]
+               if d.is_dir() and d.name != "__pycache__"
+               and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > MAX_MODULES_PER_FOLDER
+               and (d == VERIFY or VERIFY in d.parents)}
+    assert not crowded, f"folders over {MAX_MODULES_PER_FOLDER} modules (group them by job): {crowded}"
 
 
 def test_package_init_files_import_nothing():
@@ -208,6 +244,6 @@ def test_readme_layout_names_every_subpackage():
     layout = readme.split("## Layout", 1)[1].split("```text", 1)[1].split("```", 1)[0]
     missing = [f"moe_overlap/{p.name}/" for p in PACKAGE.iterdir()
                if (p / "__init__.py").is_file() and f"moe_overlap/{p.name}/" not in layout]
-    missing += [f"skill/{p.name}/" for p in SKILL.iterdir()
-                if (p / "__init__.py").is_file() and not re.search(rf"^\s+{p.name}/\s", layout, re.MULTILINE)]
+    missing += [f"{root.name}/{p.name}/" for root in (SKILL, VERIFY) for p in _subpackages(root)
+                if not re.search(rf"^\s+{p.name}/\s", layout, re.MULTILINE)]
     assert not missing, f"README's Layout section does not show: {missing}"

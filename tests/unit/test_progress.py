@@ -1,8 +1,8 @@
-"""verify.progress: run events -> one count that only grows, steps x modes plus start-up and judging."""
+"""verify.run.progress: run events -> one count that only grows, steps x modes plus start-up and judging."""
 
 from __future__ import annotations
 
-from moe_overlap.verify.progress import START_UNITS, ProgressTracker
+from moe_overlap.verify.run.progress import START_UNITS, ProgressTracker
 
 
 class Clock:

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from moe_overlap.verify.attribution import RankEnd, describe, first_failure, is_peer_error
+from moe_overlap.verify.judge.attribution import RankEnd, describe, first_failure, is_peer_error
 
 PEER_TB = ("Traceback (most recent call last):\n  File \"train.py\", line 1, in step\n"
            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
            "[127.0.0.1]:29500\n")
-OWN_TB = "Traceback (most recent call last):\n  File \"train.py\", line 9\nmoe_overlap.verify.train.InjectedFault: x\n"
+OWN_TB = "Traceback (most recent call last):\n  File \"train.py\", line 9\nmoe_overlap.verify.run.train.InjectedFault: x\n"
 
 
 def test_a_rank_killed_by_a_signal_is_named_before_the_peer_that_logged_an_error_first():
@@ -56,7 +56,7 @@ def test_only_peer_errors_the_earliest_is_named():
 
 
 def _judge_folder(tmp_path, plan, config=None):
-    from moe_overlap.verify.outdir import MARKER
+    from moe_overlap.verify.plan.outdir import MARKER
 
     (tmp_path / MARKER).write_text("{}")
     (tmp_path / "plan.json").write_text(plan if isinstance(plan, str) else json.dumps(plan))
@@ -76,8 +76,8 @@ GOOD_PLAN = {"config_source": "embedded default", "config_kind": "default", "npr
 ])
 def test_a_bad_plan_json_is_a_clear_error_quickly(tmp_path, plan, words):
     from moe_overlap.cli import main
-    from moe_overlap.verify.offline import judge_run_dir
-    from moe_overlap.verify.plan import VerifyInputError
+    from moe_overlap.verify.judge.offline import judge_run_dir
+    from moe_overlap.verify.plan.build import VerifyInputError
 
     _judge_folder(tmp_path, plan)
     t0 = time.monotonic()
@@ -88,8 +88,8 @@ def test_a_bad_plan_json_is_a_clear_error_quickly(tmp_path, plan, words):
 
 
 def test_judging_a_folder_that_is_not_ours_is_refused(tmp_path):
-    from moe_overlap.verify.offline import judge_run_dir
-    from moe_overlap.verify.plan import VerifyInputError
+    from moe_overlap.verify.judge.offline import judge_run_dir
+    from moe_overlap.verify.plan.build import VerifyInputError
 
     (tmp_path / "plan.json").write_text(json.dumps(GOOD_PLAN))
     with pytest.raises(VerifyInputError, match="not a run folder"):
@@ -98,7 +98,7 @@ def test_judging_a_folder_that_is_not_ours_is_refused(tmp_path):
 
 @pytest.mark.parametrize("value", ["abc", [1, 2], {"a": 1}, 2.5, "9" * 5000, None])
 def test_a_verify_config_with_a_bad_topk_is_a_clear_error(tmp_path, value):
-    from moe_overlap.verify.config import VerifyConfigError, load_verify_config
+    from moe_overlap.verify.plan.config import VerifyConfigError, load_verify_config
 
     for data in ({"model": {"num_moe_experts": 4, "moe_router_topk": value}},
                  {"format": "moe-overlap", "moe_router_topk": value}):

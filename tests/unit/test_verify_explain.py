@@ -7,17 +7,17 @@ import json
 
 import pytest
 
-from moe_overlap.verify.analysis_model import StepPieces
-from moe_overlap.verify.config import VerifyConfig
-from moe_overlap.verify.explain import build_analysis
-from moe_overlap.verify.judge import criterion_throughput
-from moe_overlap.verify.report_model import ModeRun, StepRecord
-from moe_overlap.verify.run_calibration import (
+from moe_overlap.verify.calibrate.run_calibration import (
     RunCalibrationError,
     calibration_from_pieces,
     calibration_from_run,
 )
-from moe_overlap.verify.summary import render_summary, verification_summary
+from moe_overlap.verify.judge.analysis_model import StepPieces
+from moe_overlap.verify.judge.criteria import criterion_throughput
+from moe_overlap.verify.judge.explain import build_analysis
+from moe_overlap.verify.judge.report_model import ModeRun, StepRecord
+from moe_overlap.verify.judge.summary import render_summary, verification_summary
+from moe_overlap.verify.plan.config import VerifyConfig
 
 CFG = VerifyConfig(precision="bf16", micro_batches=4, num_layers=2)
 
@@ -112,7 +112,7 @@ def test_without_pieces_the_split_and_prediction_say_why():
 
 
 def test_summary_carries_the_split_and_the_cause():
-    from moe_overlap.verify.report_model import RunEnvironment, VerificationReport
+    from moe_overlap.verify.judge.report_model import RunEnvironment, VerificationReport
 
     runs = [_run("baseline", 0.100), _run("overlap", 0.107)]
     a, tp = _analysis(runs, _pieces(comm_s=0.006))

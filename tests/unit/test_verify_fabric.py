@@ -9,12 +9,12 @@ import pytest
 
 from moe_overlap.ep.fabric import fabric_env
 from moe_overlap.verify.api import options_command
-from moe_overlap.verify.launch_print import rank_environment, torchrun_command, worker_options
-from moe_overlap.verify.launcher import _rank_env
-from moe_overlap.verify.offline import _load_plan
-from moe_overlap.verify.options import VerifyOptions
-from moe_overlap.verify.plan import VerifyInputError, make_plan, prepare_out
-from moe_overlap.verify.plan_file import save_plan
+from moe_overlap.verify.judge.offline import _load_plan
+from moe_overlap.verify.plan.build import VerifyInputError, make_plan, prepare_out
+from moe_overlap.verify.plan.options import VerifyOptions
+from moe_overlap.verify.plan.plan_file import save_plan
+from moe_overlap.verify.run.launch_print import rank_environment, torchrun_command, worker_options
+from moe_overlap.verify.run.launcher import _rank_env
 
 
 @pytest.mark.parametrize("opts,field", [({"fabric": "emulated-net"}, "fabric"), ({"a2a": "ce"}, "a2a"),
@@ -75,7 +75,7 @@ def test_cli_sm_margin_errors_name_the_flag(tmp_path, capsys):
 
 
 def test_max_steps_defaults_and_bounds(tmp_path, monkeypatch):
-    from moe_overlap.verify import plan as plan_mod
+    from moe_overlap.verify.plan import build as plan_mod
 
     monkeypatch.setattr(plan_mod, "cuda_device_count", lambda: 2)
     gpu = make_plan(VerifyOptions(out=tmp_path / "g", device="cuda", steps=12))
@@ -92,7 +92,7 @@ def test_max_steps_defaults_and_bounds(tmp_path, monkeypatch):
 def test_every_rank_decides_alike_when_throughput_is_settled():
     from types import SimpleNamespace
 
-    from moe_overlap.verify.worker import throughput_settled
+    from moe_overlap.verify.run.worker import throughput_settled
 
     def runner(name, times):
         return SimpleNamespace(spec=SimpleNamespace(name=name), step_times=list(times))

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from moe_overlap.verify.config import VerifyConfig
-from moe_overlap.verify.explain import build_analysis
-from moe_overlap.verify.judge import criterion_throughput
-from moe_overlap.verify.report import render_markdown
-from moe_overlap.verify.report_model import ModeRun, RunEnvironment, StepRecord, VerificationReport
-from moe_overlap.verify.run_calibration import calibration_from_run
-from moe_overlap.verify.summary import verification_summary
+from moe_overlap.verify.calibrate.run_calibration import calibration_from_run
+from moe_overlap.verify.judge.criteria import criterion_throughput
+from moe_overlap.verify.judge.explain import build_analysis
+from moe_overlap.verify.judge.report import render_markdown
+from moe_overlap.verify.judge.report_model import ModeRun, RunEnvironment, StepRecord, VerificationReport
+from moe_overlap.verify.judge.summary import verification_summary
+from moe_overlap.verify.plan.config import VerifyConfig
 
 CFG = VerifyConfig(precision="bf16", micro_batches=4, num_layers=2)
 LAYER_STEPS = 2 * 4

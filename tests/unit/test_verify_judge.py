@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from moe_overlap.verify.judge import (
+from moe_overlap.verify.judge.criteria import (
     criterion_loss,
     criterion_throughput,
     headline,
@@ -15,7 +15,7 @@ from moe_overlap.verify.judge import (
     throughput_comparison,
     verdict,
 )
-from moe_overlap.verify.report_model import Criterion, ModeRun, StepRecord
+from moe_overlap.verify.judge.report_model import Criterion, ModeRun, StepRecord
 
 
 def _run(mode, times, losses=None):

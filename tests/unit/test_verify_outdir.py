@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from moe_overlap.verify.options import VerifyOptions
-from moe_overlap.verify.outdir import MARKER, OutDirError, check, claim, earlier_outputs
-from moe_overlap.verify.plan import VerifyInputError, make_plan, prepare_out
+from moe_overlap.verify.plan.build import VerifyInputError, make_plan, prepare_out
+from moe_overlap.verify.plan.options import VerifyOptions
+from moe_overlap.verify.plan.outdir import MARKER, OutDirError, check, claim, earlier_outputs
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -81,7 +81,7 @@ def test_a_killed_runs_folder_needs_force_and_force_removes_only_our_files(tmp_p
 
 
 def test_records_are_never_appended_to(tmp_path):
-    from moe_overlap.verify.records import RecordWriter
+    from moe_overlap.verify.run.records import RecordWriter
 
     path = tmp_path / "rank0.jsonl"
     path.write_text('{"kind": "error", "t": 1}\n')

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from moe_overlap.verify.config import VerifyConfig, load_verify_config
-from moe_overlap.verify.judge import criterion_validation
-from moe_overlap.verify.options import VerifyOptions
-from moe_overlap.verify.plan import VerifyInputError, make_plan, validate_modes
+from moe_overlap.verify.judge.criteria import criterion_validation
+from moe_overlap.verify.plan.build import VerifyInputError, make_plan, validate_modes
+from moe_overlap.verify.plan.config import VerifyConfig, load_verify_config
+from moe_overlap.verify.plan.options import VerifyOptions
 
 
 def test_default_plan(tmp_path):
@@ -74,8 +74,8 @@ def test_megatron_view_is_what_the_validator_reads():
 
 
 def test_planning_is_torch_free(tmp_path):
-    code = ("import sys; from moe_overlap.verify.plan import make_plan, validate_modes; "
-            "from moe_overlap.verify.options import VerifyOptions; import moe_overlap.verify.api; "
+    code = ("import sys; from moe_overlap.verify.plan.build import make_plan, validate_modes; "
+            "from moe_overlap.verify.plan.options import VerifyOptions; import moe_overlap.verify.api; "
             f"validate_modes(make_plan(VerifyOptions(out={str(tmp_path)!r}))); assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -86,7 +86,7 @@ def test_planning_is_torch_free(tmp_path):
     (b"", "adir: empty config"),
 ])
 def test_unreadable_config_file_one_message_naming_it_once(tmp_path, content, expected):
-    from moe_overlap.verify.config import VerifyConfigError
+    from moe_overlap.verify.plan.config import VerifyConfigError
 
     path = tmp_path / "adir"
     if content is None:
@@ -100,7 +100,7 @@ def test_unreadable_config_file_one_message_naming_it_once(tmp_path, content, ex
 
 
 def test_unwritable_out_is_bad_input_before_launch(tmp_path):
-    from moe_overlap.verify.plan import prepare_out
+    from moe_overlap.verify.plan.build import prepare_out
 
     (tmp_path / "file").write_text("not a folder")
     plan = make_plan(VerifyOptions(out=tmp_path / "file" / "run"))
@@ -121,7 +121,7 @@ def test_cli_unwritable_out_exits_2_without_traceback(tmp_path, capsys):
 
 
 def test_damaged_rank_records_are_skipped_like_torn_lines(tmp_path):
-    from moe_overlap.verify.records import RecordWriter, read_all
+    from moe_overlap.verify.run.records import RecordWriter, read_all
 
     path = tmp_path / "rank0.jsonl"
     writer = RecordWriter(path)
@@ -162,7 +162,7 @@ def test_one_pass_validates_what_parsing_the_source_with_mode_overrides_would(tm
     source itself with the mode's overlap switches given as overrides, notes of the first parse included."""
     from moe_overlap.paths import data_root
     from moe_overlap.skill.rules.validate import validate_config
-    from moe_overlap.verify import config as verify_config
+    from moe_overlap.verify.plan import config as verify_config
 
     source = _MEGATRON_SOURCES.get(name) or str(data_root() / "examples" / name)
     calls = {"read": 0, "parse": 0}
@@ -204,7 +204,7 @@ def test_validation_leaves_the_callers_config_untouched(tmp_path):
 @pytest.mark.parametrize("kind", ["dict", "path", "default"])
 def test_offline_judge_validates_what_the_launch_plan_did(tmp_path, kind):
     from moe_overlap.paths import data_root
-    from moe_overlap.verify.offline import _load_plan, write_plan
+    from moe_overlap.verify.judge.offline import _load_plan, write_plan
 
     source = {"dict": _MEGATRON_SOURCES["unknown-and-renamed"],
               "path": str(data_root() / "examples" / "ep-overlap-alltoall.yaml"), "default": None}[kind]
@@ -214,7 +214,7 @@ def test_offline_judge_validates_what_the_launch_plan_did(tmp_path, kind):
 
 
 def test_offline_judge_with_a_vanished_source_is_bad_input(tmp_path):
-    from moe_overlap.verify.offline import _load_plan, write_plan
+    from moe_overlap.verify.judge.offline import _load_plan, write_plan
 
     path = tmp_path / "megatron.yaml"
     path.write_text("model:\n  expert_model_parallel_size: 2\n  num_moe_experts: 4\n  bf16: true\n")

@@ -19,7 +19,7 @@ SCHEMA_MODELS: dict[str, str] = {
     "validation-result.schema.json": "moe_overlap.skill.rules.validate:ValidationResult",
     "card.schema.json": "moe_overlap.skill.card.model:Card",
     "evals.schema.json": "moe_overlap.skill.card.evals:EvalSet",
-    "verification-report.schema.json": "moe_overlap.verify.report_model:VerificationReport",
+    "verification-report.schema.json": "moe_overlap.verify.judge.report_model:VerificationReport",
     "generate-result.schema.json": "moe_overlap.skill.generate.model:GenerateResult",
     "estimate-result.schema.json": "moe_overlap.skill.estimate.model:EstimateResult",
     # The other tool results, which the MCP server's output schemas point to.

@@ -10,7 +10,7 @@ The one input is a nested config with Megatron-Bridge ConfigContainer sections (
     overrides      dotted ``section.key=value`` lines, the override syntax of Megatron-Bridge scripts
     megatron-args  Megatron-LM flags, one per line (false booleans are left out: false is their default)
     yaml, json     the nested config itself
-    moe-overlap    a run config of our own verification (moe_overlap.verify.config.VerifyConfig)
+    moe-overlap    a run config of our own verification (moe_overlap.verify.plan.config.VerifyConfig)
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from moe_overlap.skill.config.load import ConfigError, check_values, read_file
 from moe_overlap.skill.config.model import OverlapConfig, effective_values, looks_like_config, parse_config
-from moe_overlap.verify.corpus import VOCAB_SIZE
+from moe_overlap.verify.run.corpus import VOCAB_SIZE
 
 FORMAT = "moe-overlap"
 

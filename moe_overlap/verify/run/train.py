@@ -13,9 +13,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from moe_overlap.verify.config import VerifyConfig
-from moe_overlap.verify.corpus import sample_windows
-from moe_overlap.verify.modes import ModeSpec
+from moe_overlap.verify.plan.config import VerifyConfig
+from moe_overlap.verify.plan.modes import ModeSpec
+from moe_overlap.verify.run.corpus import sample_windows
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -1,8 +1,8 @@
 """What a verification report explains: where each mode's step time goes, what the estimator predicted, and
-why overlap paid or did not (pydantic models, torch-free; built by verify/explain.py).
+why overlap paid or did not (pydantic models, torch-free; built by verify/judge/explain.py).
 
 Definitions (docs/verify.md, "Where the time goes"), all per optimizer step, times in seconds:
-  comm             the step's all-to-alls and count exchanges timed alone in the same ranks (verify/pieces.py)
+  comm             the step's all-to-alls and count exchanges timed alone in the same ranks (verify/calibrate/pieces.py)
   compute          baseline step - comm: the baseline runs its all-to-alls on the compute stream, one after the
                    other, so everything else it does is compute; every mode does the same compute
   exposed comm     step - compute (at least 0): the communication the mode did not hide

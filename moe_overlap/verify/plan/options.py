@@ -1,6 +1,6 @@
 """VerifyOptions: how to run a verification (what `moe-overlap verify` flags and the MCP tool fill in).
 
-The config (:mod:`moe_overlap.verify.config`) says *what* model and overlap to verify; the options say
+The config (:mod:`moe_overlap.verify.plan.config`) says *what* model and overlap to verify; the options say
 *how* to run it here: ranks, device, modes, limits, output folder. Options given explicitly override the
 config's steps / micro-batches / schedule.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from moe_overlap.verify.plan import Plan
+from moe_overlap.verify.plan.build import Plan
 
 
 def worker_options(plan: Plan) -> list[str]:
@@ -32,7 +32,7 @@ def rank_environment(plan: Plan) -> dict[str, str]:
 
 def _worker_args(plan: Plan, config_path: str) -> list[str]:
     modes = json.dumps([s.to_dict() for s in plan.specs], separators=(",", ":"))
-    return ["-m", "moe_overlap.verify.worker", "--config", config_path, "--modes", modes,
+    return ["-m", "moe_overlap.verify.run.worker", "--config", config_path, "--modes", modes,
             "--out", str(plan.out), "--device", plan.device, *worker_options(plan)]
 
 

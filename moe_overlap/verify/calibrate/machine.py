@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 
 from moe_overlap.skill.estimate.model import Calibration
-from moe_overlap.verify.ranks import RanksFailed, run_ranks
+from moe_overlap.verify.run.ranks import RanksFailed, run_ranks
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # (tokens, hidden, ffn, experts, topk) of the no-communication layer probes (CPU sizes; x scale on GPU
@@ -245,7 +245,7 @@ def calibration_from(per_rank: list[dict], *, backend: str, precision: str, stat
         a2a_latency_us=latency * 1e6,
         overlap_efficiency=min(1.0, max(0.0, hidden / min(t["mm_loop"], big))),
         overhead_ms=fixed * 1e3,
-        source=(f"moe_overlap.verify.calibrate: {backend}, {world} ranks, {precision}, {stat} of {rounds} "
+        source=(f"moe_overlap.verify.calibrate.machine: {backend}, {world} ranks, {precision}, {stat} of {rounds} "
                 f"interleaved rounds (slowest rank), {platform.node()} ({platform.machine()}), "
                 f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%dT%H:%MZ}" + "".join(f"; {u}" for u in unresolved)),
     )

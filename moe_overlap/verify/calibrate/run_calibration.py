@@ -1,6 +1,6 @@
 """A finished verification run as the estimator's calibration (torch-free).
 
-The run's pieces (verify/pieces.py: the step's all-to-alls, count exchanges and expert GEMMs timed alone, and
+The run's pieces (verify/calibrate/pieces.py: the step's all-to-alls, count exchanges and expert GEMMs timed alone, and
 the overlap probe) are rates of this machine and this transport, measured in the ranks that trained:
 
   expert_tflops       expert GEMM FLOPs of one step / their time alone
@@ -11,7 +11,7 @@ the overlap probe) are rates of this machine and this transport, measured in the
                       estimator's host floor; CUDA runs only (host_floor_input says why), absent in older runs
 
 `moe-overlap estimate --from-run DIR` feeds them to the estimator for any shape; the report's own prediction
-(verify/explain.py) uses them for the run's shape.
+(verify/judge/explain.py) uses them for the run's shape.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from moe_overlap.skill.estimate.model import Calibration
-from moe_overlap.verify.analysis_model import StepPieces
+from moe_overlap.verify.judge.analysis_model import StepPieces
 
 
 class RunCalibrationError(ValueError):

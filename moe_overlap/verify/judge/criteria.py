@@ -12,8 +12,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from moe_overlap.verify.report_model import Criterion, ModeRun
-from moe_overlap.verify.throughput import TOLERANCE, WARMUP_STEPS, compare, describe
+from moe_overlap.verify.judge.report_model import Criterion, ModeRun
+from moe_overlap.verify.judge.throughput import TOLERANCE, WARMUP_STEPS, compare, describe
 
 # Relative loss tolerance per precision. fp32 schedules reorder nothing that matters at this size, so any
 # difference beyond rounding noise is a bug; bf16/fp16 round every GEMM output, and a different chunking

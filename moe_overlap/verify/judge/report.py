@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from moe_overlap.verify.report_model import VerificationReport
+from moe_overlap.verify.judge.report_model import VerificationReport
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "SKIP"}
 

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from moe_overlap.verify.analysis_model import Analysis
+from moe_overlap.verify.judge.analysis_model import Analysis
 
 Verdict = Literal["passed", "throughput-not-judged", "failed", "inconclusive", "crashed", "hang", "timeout",
                   "cancelled"]
@@ -45,7 +45,7 @@ class StepRecord(_Model):
     peak_memory_bytes: int = Field(ge=0, description="CUDA: max allocated during the step; CPU: peak RSS of the rank-0 process (all modes)")
     optimizer_s: float | None = Field(None, ge=0, description="the optimizer update alone, within step_time_s")
     host_issue_s: float | None = Field(None, ge=0, description="host issue time of the forward + backward, within "
-                                       "step_time_s: until the host had queued its last work (verify/train.py, "
+                                       "step_time_s: until the host had queued its last work (verify/run/train.py, "
                                        "ep.step.StepResult.issued_at); None: not recorded (older runs)")
 
 

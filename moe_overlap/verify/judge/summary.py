@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from moe_overlap.verify.report_model import VerificationReport
+from moe_overlap.verify.judge.report_model import VerificationReport
 
 
 class CriterionLine(BaseModel):

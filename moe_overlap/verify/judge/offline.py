@@ -17,15 +17,21 @@ from typing import Any
 from pydantic import ValidationError
 
 from moe_overlap.skill.files import FileRefused, open_regular, read_limited
-from moe_overlap.verify.attribution import RankEnd, describe, error_of, first_failure, is_peer_error
-from moe_overlap.verify.config import VerifyConfig, VerifyConfigError, parse_megatron, read_source
-from moe_overlap.verify.launcher import LaunchResult
-from moe_overlap.verify.modes import ModeSpec
-from moe_overlap.verify.outdir import MARKER, is_ours
-from moe_overlap.verify.plan import Plan, VerifyInputError, prepare_out, validate_modes, validated_config
-from moe_overlap.verify.plan_file import MAX_PLAN_BYTES, PLAN_FILE, PlanFile, save_plan
-from moe_overlap.verify.records import read_all, records_path
-from moe_overlap.verify.report_model import VerificationReport
+from moe_overlap.verify.judge.attribution import RankEnd, describe, error_of, first_failure, is_peer_error
+from moe_overlap.verify.judge.report_model import VerificationReport
+from moe_overlap.verify.plan.build import (
+    Plan,
+    VerifyInputError,
+    prepare_out,
+    validate_modes,
+    validated_config,
+)
+from moe_overlap.verify.plan.config import VerifyConfig, VerifyConfigError, parse_megatron, read_source
+from moe_overlap.verify.plan.modes import ModeSpec
+from moe_overlap.verify.plan.outdir import MARKER, is_ours
+from moe_overlap.verify.plan.plan_file import MAX_PLAN_BYTES, PLAN_FILE, PlanFile, save_plan
+from moe_overlap.verify.run.launcher import LaunchResult
+from moe_overlap.verify.run.records import read_all, records_path
 
 MAX_RECORDS_BYTES = 256 << 20  # one rank's records: 100,000 steps x 3 modes is about 60 MB
 

@@ -2,7 +2,7 @@
 the measured ratio, and the measured cause in one sentence (torch-free; models in analysis_model.py).
 
 Inputs: the modes' step records, the throughput comparisons (judge.py) and the pieces record rank 0 wrote
-after training (verify/pieces.py). The split's definitions are in analysis_model.py's docstring.
+after training (verify/calibrate/pieces.py). The split's definitions are in analysis_model.py's docstring.
 """
 
 from __future__ import annotations
@@ -13,13 +13,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from moe_overlap.skill.estimate.model import BYTES
-from moe_overlap.verify.analysis_model import Analysis, Explanation, ModeBreakdown, Prediction, StepPieces
-from moe_overlap.verify.config import VerifyConfig
-from moe_overlap.verify.report_model import Criterion, ModeRun
-from moe_overlap.verify.run_calibration import calibration_from_pieces, host_floor_input
-from moe_overlap.verify.throughput import WARMUP_STEPS
+from moe_overlap.verify.calibrate.run_calibration import calibration_from_pieces, host_floor_input
+from moe_overlap.verify.judge.analysis_model import (
+    Analysis,
+    Explanation,
+    ModeBreakdown,
+    Prediction,
+    StepPieces,
+)
+from moe_overlap.verify.judge.report_model import Criterion, ModeRun
+from moe_overlap.verify.judge.throughput import WARMUP_STEPS
+from moe_overlap.verify.plan.config import VerifyConfig
 
-# Estimator schedule of each mode (verify/modes.py: overlap takes the run's schedule).
+# Estimator schedule of each mode (verify/plan/modes.py: overlap takes the run's schedule).
 _ESTIMATOR_SCHEDULE = {"none": "none", "chunked": "chunked", "1f1b": "1f1b"}
 SMALL_COMM_SHARE = 0.10  # below this the all-to-all is too small a part of the step for overlap to matter
 POOR_EFFICIENCY = 0.30  # below this the probe says comm and compute mostly slow each other down

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from moe_overlap.verify.plan import Plan
+from moe_overlap.verify.plan.build import Plan
 
 PLAN_FILE = "plan.json"
 MAX_PLAN_BYTES = 1_000_000

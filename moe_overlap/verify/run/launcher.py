@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_overlap.verify.attribution import (
+from moe_overlap.verify.judge.attribution import (
     RankEnd,
     describe,
     error_of,
@@ -32,9 +32,9 @@ from moe_overlap.verify.attribution import (
     proc_state,
     signal_name,
 )
-from moe_overlap.verify.ranks import free_port  # two verifications at once get different ports
-from moe_overlap.verify.records import RecordTail, output_path, rank_dir, records_path, stacks_path
-from moe_overlap.verify.worker import PARENT_ENV
+from moe_overlap.verify.run.ranks import free_port  # two verifications at once get different ports
+from moe_overlap.verify.run.records import RecordTail, output_path, rank_dir, records_path, stacks_path
+from moe_overlap.verify.run.worker import PARENT_ENV
 
 POLL_S = 0.1
 STACK_DUMP_WAIT_S = 1.0
@@ -58,7 +58,7 @@ class LaunchResult:
 
 def worker_command(*, config_path: Path, modes_arg: str, out: Path, device: str,
                    inject_fault: str | None = None, extra_args: list[str] = ()) -> list[str]:
-    cmd = [sys.executable, "-m", "moe_overlap.verify.worker", "--config", str(config_path), "--modes", modes_arg,
+    cmd = [sys.executable, "-m", "moe_overlap.verify.run.worker", "--config", str(config_path), "--modes", modes_arg,
            "--out", str(out), "--device", device, *extra_args]
     return cmd + (["--inject-fault", inject_fault] if inject_fault else [])
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from moe_overlap.verify.report_model import VerificationReport
-from moe_overlap.verify.summary import VerificationSummary, verification_summary
+from moe_overlap.verify.judge.report_model import VerificationReport
+from moe_overlap.verify.judge.summary import VerificationSummary, verification_summary
 
 
 class VerificationOutcome(BaseModel):

@@ -16,10 +16,10 @@ from pydantic import ValidationError
 
 from moe_overlap.skill.config.model import OverlapConfig, parse_config
 from moe_overlap.skill.rules.validate import validate_config
-from moe_overlap.verify.config import VerifyConfig, VerifyConfigError, load_verify_config
-from moe_overlap.verify.modes import ModeError, ModeSpec, resolve_modes
-from moe_overlap.verify.options import VerifyOptions
-from moe_overlap.verify.outdir import OutDirError, check, claim, new_default_folder
+from moe_overlap.verify.plan.config import VerifyConfig, VerifyConfigError, load_verify_config
+from moe_overlap.verify.plan.modes import ModeError, ModeSpec, resolve_modes
+from moe_overlap.verify.plan.options import VerifyOptions
+from moe_overlap.verify.plan.outdir import OutDirError, check, claim, new_default_folder
 
 # Rules that constrain Megatron-Core's implementation, not the included one, when the run is ours:
 WAIVERS = {
@@ -53,7 +53,7 @@ class Plan:
     fabric: str = "native"  # ep/fabric.py: the NCCL environment of every rank
     a2a: str | None = None  # ep/transport.py kind; None: the process group's own all-to-all
     sm_margin: int | str = "auto"  # ep/sm_margin.py: an int, or "auto" (resolved in each rank)
-    explain: bool = True  # time the step's pieces alone after training (verify/pieces.py)
+    explain: bool = True  # time the step's pieces alone after training (verify/calibrate/pieces.py)
     max_steps: int = 0  # steps per mode at most (throughput not settled after cfg.steps); 0: cfg.steps
     force: bool = False  # --force: an earlier run's outputs in `out` may be replaced
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])

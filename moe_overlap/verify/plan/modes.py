@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from moe_overlap.verify.config import VerifyConfig
-from moe_overlap.verify.options import MODES
+from moe_overlap.verify.plan.config import VerifyConfig
+from moe_overlap.verify.plan.options import MODES
 
 
 class ModeError(ValueError):

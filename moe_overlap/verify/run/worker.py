@@ -1,4 +1,4 @@
-"""One rank of a verification run: ``python -m moe_overlap.verify.worker --config CFG.json --out DIR ...``.
+"""One rank of a verification run: ``python -m moe_overlap.verify.run.worker --config CFG.json --out DIR ...``.
 
 Reads the standard torch.distributed environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK),
 so the same command runs under ``torchrun`` or Slurm unchanged. Writes:
@@ -21,7 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
-from moe_overlap.verify.records import RecordWriter, mode_log_path, records_path, stacks_path
+from moe_overlap.verify.run.records import RecordWriter, mode_log_path, records_path, stacks_path
 
 PARENT_ENV = "MOE_OVERLAP_VERIFY_PARENT_PID"
 
@@ -44,7 +44,7 @@ def _env_int(name: str, default: int | None = None) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m moe_overlap.verify.worker", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m moe_overlap.verify.run.worker", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="VerifyConfig as JSON (file path)")
     ap.add_argument("--modes", required=True, help="JSON list of mode specs, or a comma list of mode names")
     ap.add_argument("--out", required=True, help="output folder shared by all ranks")
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _mode_specs(text: str, cfg):
-    from moe_overlap.verify.modes import ModeSpec, resolve_modes
+    from moe_overlap.verify.plan.modes import ModeSpec, resolve_modes
 
     if text.lstrip().startswith("["):
         return [ModeSpec(**d) for d in json.loads(text)]
@@ -87,7 +87,7 @@ def throughput_settled(runners, device: str) -> bool:
 
     Computed from the slowest rank's step times, which every rank holds identically: all ranks decide alike
     without a collective."""
-    from moe_overlap.verify.throughput import TOLERANCE, compare
+    from moe_overlap.verify.judge.throughput import TOLERANCE, compare
 
     base = next((r for r in runners if r.spec.name == "baseline"), None)
     if base is None:
@@ -129,7 +129,7 @@ def _transport_setup(cfg, args, group, device, world: int):
         kind = "auto"
     args.a2a = kind
     from moe_overlap.ep.transport import make_transport
-    from moe_overlap.verify.train import DTYPES
+    from moe_overlap.verify.run.train import DTYPES
 
     esize = torch.empty((), dtype=DTYPES[cfg.precision]).element_size()
     # The largest all-to-all one rank sends: every routed row of a micro-batch (T * K rows of D elements).
@@ -142,8 +142,8 @@ def _transport_setup(cfg, args, group, device, world: int):
 def _explain(runners, cfg, rank: int, group, device, counts_group, transport, rec) -> None:
     """Time one step's pieces alone with the baseline's model (or the first mode's), record them on rank 0."""
     from moe_overlap.ep.streams import make_comm_stream
-    from moe_overlap.verify.pieces import measure_pieces
-    from moe_overlap.verify.train import make_batches
+    from moe_overlap.verify.calibrate.pieces import measure_pieces
+    from moe_overlap.verify.run.train import make_batches
 
     runner = next((r for r in runners if r.spec.name == "baseline"), runners[0])
     pieces = measure_pieces(runner.model, make_batches(cfg, 0, rank, device), group, device,
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get(PARENT_ENV):
         threading.Thread(target=_watch_parent, args=(int(os.environ[PARENT_ENV]),), daemon=True).start()
 
-    from moe_overlap.verify.config import VerifyConfig
+    from moe_overlap.verify.plan.config import VerifyConfig
 
     cfg = VerifyConfig.model_validate_json(Path(args.config).read_text(encoding="utf-8"))
     specs = _mode_specs(args.modes, cfg)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         import torch.distributed as dist
 
-        from moe_overlap.verify.train import ModeRunner
+        from moe_overlap.verify.run.train import ModeRunner
 
         torch.set_num_threads(int(os.environ.get("MOE_OVERLAP_THREADS", "1")))
         if args.device == "cuda":
