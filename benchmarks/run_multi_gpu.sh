@@ -7,7 +7,7 @@
 #   run(kind="nvidia-h200-x2", carry=[".whl"], timeout_s=600, command="PART=layer bash benchmarks/run_multi_gpu.sh")
 #   run(kind="nvidia-h200-x2", carry=[".whl"], timeout_s=600, command="PART=verify bash benchmarks/run_multi_gpu.sh")
 #
-# PART=layer (the MoE layer; benchmarks/ep_overlap.py, every row side by side in the same processes):
+# PART=layer (the MoE layer; benchmarks/gpu/ep_overlap.py, every row side by side in the same processes):
 #   1. device check: nvidia-smi, the GPU topology, torch / CUDA / NCCL versions
 #   2. pytest tests/gpu (the 2-GPU tests: copy-engine all-to-all == NCCL, layer bitwise with copy engines)
 #   3. ep_overlap --a2a nccl            NVLink, NCCL all-to-all (SMs), the three shapes
@@ -20,7 +20,7 @@
 #   7. moe-overlap verify benchmarks/configs/verify_gpu.yaml --device cuda --nproc N   (throughput binding)
 #   8. the same with --fabric emulated-net
 #   9. moe-overlap verify --device cuda --nproc N (embedded small model)
-#  10. benchmarks/peers.py --world N (ours vs torchtitan's expert parallelism)
+#  10. benchmarks/peers/peers.py --world N (ours vs torchtitan's expert parallelism)
 # Every step runs under its own `timeout`. Outputs in $OUT (at most 8 files come back): the JSON of each step,
 # run_multi_gpu_<part>_rN.log; copy them into benchmarks/results/ and commit them with docs/benchmarks.md.
 #
@@ -73,16 +73,16 @@ part_layer() {
   if [ "$DEV" = cuda ] && [ "${GPU_TESTS:-1}" = 1 ]; then  # GPU_TESTS=0: already run in this session's call
     step "gpu tests" 200 "$PY" -m pytest -q -p no:cacheprovider tests/gpu --ignore=tests/gpu/test_verify_gpu.py || status=1
   fi
-  step "ep_overlap nccl" 130 "$PY" benchmarks/ep_overlap.py --device "$DEV" --world "$N" --timeout 120 \
+  step "ep_overlap nccl" 130 "$PY" benchmarks/gpu/ep_overlap.py --device "$DEV" --world "$N" --timeout 120 \
       "${BENCH[@]}" --out "$OUT/ep_overlap_${DEV}_r$N.json" || status=1
   if [ "$DEV" = cuda ]; then
-    step "ep_overlap ce" 130 "$PY" benchmarks/ep_overlap.py --device cuda --world "$N" --timeout 120 --a2a ce \
+    step "ep_overlap ce" 130 "$PY" benchmarks/gpu/ep_overlap.py --device cuda --world "$N" --timeout 120 --a2a ce \
         "${BENCH[@]}" --out "$OUT/ep_overlap_cuda_r${N}_ce.json" || status=1
   fi
-  step "ep_overlap emulated-net" 120 "$PY" benchmarks/ep_overlap.py --device "$DEV" --world "$N" --timeout 110 \
+  step "ep_overlap emulated-net" 120 "$PY" benchmarks/gpu/ep_overlap.py --device "$DEV" --world "$N" --timeout 110 \
       --fabric emulated-net --chunks 2 "${NET[@]}" --out "$OUT/ep_overlap_${DEV}_r${N}_emulated-net.json" || status=1
   if [ "$DEV" = cuda ]; then
-    step "profile" 80 "$PY" benchmarks/profile_layer.py --device cuda --world "$N" --timeout 70 --out "$OUT" || status=1
+    step "profile" 80 "$PY" benchmarks/gpu/profile_layer.py --device cuda --world "$N" --timeout 70 --out "$OUT" || status=1
     rm -f "$OUT"/trace_*rank[1-9]*.json.gz
   fi
   return "$status"
@@ -100,7 +100,7 @@ part_verify() {
   step "verify (embedded model)" 90 "$PY" -m moe_overlap.cli verify --device "$DEV" --nproc "$N" --timeout 75 \
       --out "$WORK/verify_default" --force ${DEFAULT_EXTRA[@]+"${DEFAULT_EXTRA[@]}"} || status=1
   if [ "$DEV" = cuda ]; then
-    step "peers" 120 "$PY" benchmarks/peers.py --world "$N" --timeout 110 --out "$OUT/peers_r$N.json" || status=1
+    step "peers" 120 "$PY" benchmarks/peers/peers.py --world "$N" --timeout 110 --out "$OUT/peers_r$N.json" || status=1
   fi
   for name in verify_gpu verify_gpu_net verify_default; do
     [ -f "$WORK/$name/report.json" ] && cp "$WORK/$name/report.json" "$OUT/${name}_r$N.json"

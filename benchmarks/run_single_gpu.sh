@@ -12,9 +12,9 @@
 # Steps, each under its own timeout (a stuck one leaves time for the others), all output in $OUT/run_single_gpu.log:
 #   1. device check; 2. pytest tests/gpu (CUDA paths: experts, layer, 1F1B bitwise, transports, no host sync
 #   at EP 1), while the grouped_gemm extension (Megatron-Core's GroupedMLP) tries to build from .whl-src if
-#   carried; 3. benchmarks/gpu_layer.py --sections experts layer for each CODE_ROOTS version, then this checkout
-#   (an ablation: one version per change); 4. benchmarks/profile_layer.py --world 1 (host profiles, trace
-#   summaries); 5. benchmarks/ep_overlap.py --world 1; 6. benchmarks/peers.py (ours vs torchtitan vs Megatron-Core).
+#   carried; 3. benchmarks/gpu/gpu_layer.py --sections experts layer for each CODE_ROOTS version, then this checkout
+#   (an ablation: one version per change); 4. benchmarks/gpu/profile_layer.py --world 1 (host profiles, trace
+#   summaries); 5. benchmarks/gpu/ep_overlap.py --world 1; 6. benchmarks/peers/peers.py (ours vs torchtitan vs Megatron-Core).
 # Results: $OUT/gpu_layer_<label>.json, gpu_layer_after.json, profile_cuda_r1.json, ep_overlap_cuda_r1.json,
 # peers_r1.json; copy them to benchmarks/results/ and commit with docs/benchmarks.md.
 set -uo pipefail
@@ -63,14 +63,14 @@ main() {
   [ -n "$gg_pid" ] && { wait "$gg_pid"; tail -3 "$OUT/grouped_gemm_build.log"; }
   for pair in $CODE_ROOTS; do
     BENCH_CODE_ROOT=${pair#*=} BENCH_CODE_COMMIT=${pair%%=*} \
-      step before 100 "$PY" benchmarks/gpu_layer.py --sections experts layer --out "$OUT/gpu_layer_${pair%%=*}.json"
+      step before 100 "$PY" benchmarks/gpu/gpu_layer.py --sections experts layer --out "$OUT/gpu_layer_${pair%%=*}.json"
   done
-  step after 100 "$PY" benchmarks/gpu_layer.py --sections experts layer --out "$OUT/gpu_layer_after.json"
-  step profile 90 "$PY" benchmarks/profile_layer.py --device cuda --world 1 --out "$OUT"
+  step after 100 "$PY" benchmarks/gpu/gpu_layer.py --sections experts layer --out "$OUT/gpu_layer_after.json"
+  step profile 90 "$PY" benchmarks/gpu/profile_layer.py --device cuda --world 1 --out "$OUT"
   rm -f "$OUT"/trace_*.json.gz  # at most 8 files come back; the summaries are in profile_cuda_r1.json
-  step ep_overlap 90 "$PY" benchmarks/ep_overlap.py --device cuda --world 1 --rounds 8 --warmup 2 --timeout 80 \
+  step ep_overlap 90 "$PY" benchmarks/gpu/ep_overlap.py --device cuda --world 1 --rounds 8 --warmup 2 --timeout 80 \
     --out "$OUT/ep_overlap_cuda_r1.json"
-  PYTHONPATH=/tmp/gg${PYTHONPATH:+:$PYTHONPATH} step peers 120 "$PY" benchmarks/peers.py --out "$OUT/peers_r1.json" \
+  PYTHONPATH=/tmp/gg${PYTHONPATH:+:$PYTHONPATH} step peers 120 "$PY" benchmarks/peers/peers.py --out "$OUT/peers_r1.json" \
     $([ -f "$OUT/grouped_gemm_build.log" ] && echo --grouped-gemm-log "$OUT/grouped_gemm_build.log")
   echo; echo "=== done ($(date -u +%FT%TZ)); files in $OUT:"; ls -la "$OUT"
 }

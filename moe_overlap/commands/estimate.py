@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--hbm-efficiency", type=float, help="achieved share of the GPU's HBM peak (--hbm-gbps or the "
                    "--gpu-preset's) by every memory-bound pass, bytes as the estimator counts them (0 < x <= 2)")
     h.add_argument("--mem-rate", metavar="FILE", help="the memory-bound passes' shares of HBM peak, one per kind, "
-                   "measured at this shape by `python benchmarks/gpu_layer.py --sections experts layer` (its JSON; "
+                   "measured at this shape by `python benchmarks/gpu/gpu_layer.py --sections experts layer` (its JSON; "
                    "e.g. benchmarks/results/h200x2_2026-11-29_r3/gpu_layer_after_router.json)")
     h.add_argument("--hbm-gbps", type=float, help="HBM peak GB/s of the GPU the shares apply to (default: the "
                    "--gpu-preset's datasheet value)")

@@ -17,7 +17,7 @@ Combine is the exact inverse (unsort, reverse all-to-all, unpermute) and applies
 Where the rows never leave the rank (one-rank group: EP 1) the weights go to the experts instead, permuted
 like the rows (``permute_weights``), and are applied in the ffn space (experts.py): the combine then only
 sums, and its backward is a gather of the output gradient rather than a pass that also reads y [N, D]
-(measured in benchmarks/gpu_layer.py). At EP > 1 they stay here: moving them would add an all-to-all.
+(measured in benchmarks/gpu/gpu_layer.py). At EP > 1 they stay here: moving them would add an all-to-all.
 
 Every step is a gather by a permutation, so every backward is a gather by the inverse permutation
 plus a fixed-order sum over K: deterministic on CPU and GPU (no scatter-add, no atomics).
@@ -70,7 +70,7 @@ def plan_permute(experts_TK: torch.Tensor, num_experts: int) -> PermutePlan:
 
 def permute_rows(x_TD: torch.Tensor, plan: PermutePlan) -> torch.Tensor:
     # index_select's gather ran at 3.1-3.2 TB/s on an H200; a Triton row gather was no faster (0.171 vs
-    # 0.166 ms at the DeepSeek-V3 shape) and cost more host time per launch (benchmarks/gpu_layer.py, permute).
+    # 0.166 ms at the DeepSeek-V3 shape) and cost more host time per launch (benchmarks/gpu/gpu_layer.py, permute).
     return x_TD.index_select(0, plan.token_N)
 
 

@@ -6,7 +6,7 @@ with NCCL's network proxy in the path). ``emulated-net`` makes one host behave l
 memory transports off, so NCCL falls back to its network transport, here TCP sockets over loopback. That
 is the regime where overlap pays most (communication comparable to or longer than the expert compute),
 and it lets users see it before renting a cluster. Its bandwidth is what loopback sockets give, not a
-NIC's: benchmarks/ep_overlap.py measures it in the same run (the all-to-alls alone) and the docs compare
+NIC's: benchmarks/gpu/ep_overlap.py measures it in the same run (the all-to-alls alone) and the docs compare
 it with a 400 Gb/s NIC (docs/benchmarks.md, "Emulated inter-node fabric").
 
 NCCL reads these variables when a communicator is created, for the whole process: they must be in the

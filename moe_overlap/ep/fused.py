@@ -5,7 +5,7 @@ Shape legend: S expert rows, F expert ffn size, T tokens, K top-k, N = T*K route
 
 Why: written as torch ops, SwiGLU in fp32 and the fp32-weighted un-permute each take 5 to 10 passes
 over their tensors (upcast, multiply, add, downcast, each a kernel with its own read and write).
-At EP 1 on an H200 that costs more than the grouped GEMMs can absorb (benchmarks/gpu_layer.py
+At EP 1 on an H200 that costs more than the grouped GEMMs can absorb (benchmarks/gpu/gpu_layer.py
 measures both). Each kernel here reads its inputs once and writes its outputs once; the arithmetic
 stays in fp32 exactly as in the torch path, so the results agree to the last bit of the fp32 math
 up to summation order (within one rounding of the output dtype).
@@ -141,7 +141,7 @@ if triton is not None:
 
 
 _BLOCK = 1024
-FWD_BLOCK_D = 1024  # tile widths over D of the un-permute kernels (see the sweep in benchmarks/gpu_layer.py)
+FWD_BLOCK_D = 1024  # tile widths over D of the un-permute kernels (see the sweep in benchmarks/gpu/gpu_layer.py)
 BWD_BLOCK_D = 512
 
 
@@ -174,7 +174,7 @@ def swiglu_probs_backward(h_S2F: torch.Tensor, da_SF: torch.Tensor, probs_S: tor
     rows, ffn = h.shape[0], h.shape[1] // 2
     dh, a = torch.empty_like(h), h.new_empty((rows, ffn))
     # The kernel writes every row's dp; with F == 0 they are empty sums (zeros). No fill kernel otherwise:
-    # this layer's host issue time is what bounds it at small shapes (benchmarks/gpu_layer.py, host ops).
+    # this layer's host issue time is what bounds it at small shapes (benchmarks/gpu/gpu_layer.py, host ops).
     dp = (torch.empty if ffn else torch.zeros)(rows, dtype=torch.float32, device=h.device)
     if rows and ffn:
         block_f = min(_BLOCK, triton.next_power_of_2(ffn))
@@ -186,7 +186,7 @@ def swiglu_probs_backward(h_S2F: torch.Tensor, da_SF: torch.Tensor, probs_S: tor
 def gather_1d(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """src.flatten()[idx] (a copy: bitwise index_select's). Why a kernel for this: on CUDA a 1-D
     index_select issues ~10 host ops (a gather, expands, strided views, a resize); the routing weights'
-    permutation runs twice per layer and step, and small layers are host-bound (benchmarks/gpu_layer.py)."""
+    permutation runs twice per layer and step, and small layers are host-bound (benchmarks/gpu/gpu_layer.py)."""
     if not src.is_contiguous():  # the kernel reads src as one flat array (an attribute check: no op issued)
         src = src.contiguous()
     out = src.new_empty(idx.shape)
@@ -205,7 +205,7 @@ def weighted_gather_sum(y_ND: torch.Tensor, inv_perm_N: torch.Tensor, probs_TK: 
                         num_warps: int = 4) -> torch.Tensor:
     """out[t] = sum_k probs[t, k] * y[inv_perm[t*K + k]] (probs None: weight 1), fp32 sum -> y's dtype.
 
-    ``block_d``/``num_warps``: tile width over D and warps per program (benchmarks/gpu_layer.py sweeps them).
+    ``block_d``/``num_warps``: tile width over D and warps per program (benchmarks/gpu/gpu_layer.py sweeps them).
     """
     y = y_ND.contiguous()
     dim = y.shape[1]

@@ -4,7 +4,7 @@ Shape legend: T tokens, K top-k, N = T*K routed rows, E experts, A x B blocks of
 B local experts), S rows in those blocks.
 
 Why: the torch ops they replace are cheap on the GPU but not on the host. At the Qwen3-30B-A3B shape a
-layer is host-bound (benchmarks/profile_layer.py: the GPU's compute stream is busy 0.2-0.7 of the time),
+layer is host-bound (benchmarks/gpu/profile_layer.py: the GPU's compute stream is busy 0.2-0.7 of the time),
 and the permutation plan (stable sort, inverse by index_put, searchsorted counts, token ids) and the
 EP > 1 sort/unsort indices (two cumsum + repeat_interleave chains) cost ~25 host ops per layer. Each
 kernel here is one launch (plus its output allocations) and computes exactly the same integers:

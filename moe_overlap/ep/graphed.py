@@ -1,8 +1,8 @@
 """A CUDA-graphed EP 1 MoE layer: its forward and backward replayed from two captured graphs.
 
 Why: at small expert shapes the layer is host-bound. At the Qwen3-30B-A3B shape on one H200 the GPU
-is busy 53-75 % of a forward+backward (benchmarks/gpu_layer.py): the host issues about 350 ops
-(benchmarks/host_ops.py) in about as long as the GPU runs them, so the time beyond the expert GEMMs moves
+is busy 53-75 % of a forward+backward (benchmarks/gpu/gpu_layer.py): the host issues about 350 ops
+(benchmarks/gpu/host_ops.py) in about as long as the GPU runs them, so the time beyond the expert GEMMs moves
 with the host's speed, not with the kernels. A replayed graph issues them all in one launch.
 
 What can be captured: every op of the layer at EP 1 on CUDA stays on the device. The token counts

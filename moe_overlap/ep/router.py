@@ -87,7 +87,7 @@ class _Logits(torch.autograd.Function):
     so neither the fp32 [T, D] upcast of x nor an fp32 GEMM runs. g_x = [hi | lo] @ [w ; w] comes out in
     x's dtype directly (one rounding, as before); g_w sums the two halves of [hi | lo].T @ x in fp32.
     At the DeepSeek-V3 shape (EP 1, H200) the layer's non-GEMM kernels fell from 1.54 to 1.25 ms: the fp32
-    GEMM (0.09 ms) and three casts (0.10 ms) are gone (benchmarks/gpu_layer.py profiles in
+    GEMM (0.09 ms) and three casts (0.10 ms) are gone (benchmarks/gpu/gpu_layer.py profiles in
     benchmarks/results/h200x2_2026-11-29_r3/gpu_layer_eb22b3b.json and gpu_layer_after_router.json)."""
 
     @staticmethod

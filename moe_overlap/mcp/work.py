@@ -19,7 +19,7 @@ import anyio
 from mcp.server.mcpserver.exceptions import ToolError
 
 T = TypeVar("T")
-BUDGET_S = 30.0  # far above any bounded call (the slowest measured: well under a second; benchmarks/fuzz.py)
+BUDGET_S = 30.0  # far above any bounded call (the slowest measured: well under a second; benchmarks/fuzz/fuzz.py)
 WORKERS = 2  # CPU-bound Python: more threads only share the interpreter lock with the event loop
 _slots = threading.BoundedSemaphore(WORKERS)
 

@@ -1,4 +1,4 @@
-"""benchmarks/ep_overlap.py: the CPU smoke run on 2 gloo ranks writes every row with sane numbers, and the
+"""benchmarks/gpu/ep_overlap.py: the CPU smoke run on 2 gloo ranks writes every row with sane numbers, and the
 efficiency arithmetic is the documented formula (timings themselves are never asserted)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "ep_overlap.py"
+SCRIPT = ROOT / "benchmarks" / "gpu" / "ep_overlap.py"
 ROWS = ["none", "chunked:2", "chunked:4", "nodes", "1f1b", "1f1b+wgrad", "1f1b-devcnt"]
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/peers.py end to end on 2 gloo ranks (tiny preset): our layer in both schedules, torchtitan's MoE
+"""benchmarks/peers/peers.py end to end on 2 gloo ranks (tiny preset): our layer in both schedules, torchtitan's MoE
 through its own expert parallelism where torchtitan imports, else its import failure recorded (never a crash).
 Timings are never asserted, only that they exist."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "peers.py"
+SCRIPT = ROOT / "benchmarks" / "peers" / "peers.py"
 KEYS = {"out", "dx", "router.weight", "experts.w1", "experts.w2"}
 TITAN = importlib.util.find_spec("torchtitan") is not None
 

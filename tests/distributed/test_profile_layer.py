@@ -1,4 +1,4 @@
-"""benchmarks/profile_layer.py's CPU smoke run: every region runs on 2 gloo ranks and the JSON has the host
+"""benchmarks/gpu/profile_layer.py's CPU smoke run: every region runs on 2 gloo ranks and the JSON has the host
 profile of each (the GPU trace summaries need CUDA kernels; tests/unit/test_trace_summary.py covers them)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_profile_layer_cpu_smoke(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_layer.py"), "--device", "cpu",
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "profile_layer.py"), "--device", "cpu",
                            "--preset", "tiny", "--out", str(tmp_path), "--timeout", "150"],
                           capture_output=True, text=True, timeout=200, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -20,7 +20,7 @@ def _eager(layer, x, g):
 @cuda
 @pytest.mark.parametrize("force_balance,z_loss,shape", [
     (True, 1e-3, (512, 256, 128, 16, 4)), (False, 1e-3, (512, 256, 128, 16, 4)),
-    (True, 0.0, (4096, 2048, 768, 16, 8)),  # the Qwen3-30B-A3B expert shape of benchmarks/gpu_layer.py
+    (True, 0.0, (4096, 2048, 768, 16, 8)),  # the Qwen3-30B-A3B expert shape of benchmarks/gpu/gpu_layer.py
 ])
 def test_graphed_layer_is_bitwise_the_eager_layer(force_balance, z_loss, shape):
     import torch.distributed as dist

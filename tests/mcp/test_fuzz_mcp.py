@@ -1,6 +1,6 @@
 """Fuzz every MCP tool's arguments through an in-process client (issue 15): no internal error or exception text,
-no call over 10 s; the issue's cases are fixed examples. Generators: benchmarks/fuzz_mcp.py (>= 3000 calls in
-benchmarks/fuzz.py, results committed in benchmarks/results/fuzz.json); here a fixed, modest budget."""
+no call over 10 s; the issue's cases are fixed examples. Generators: benchmarks/fuzz/fuzz_mcp.py (>= 3000 calls in
+benchmarks/fuzz/fuzz.py, results committed in benchmarks/results/fuzz.json); here a fixed, modest budget."""
 
 from __future__ import annotations
 
@@ -12,10 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.benchmark_modules import load_benchmark
-
-fuzz = load_benchmark("fuzz")
-fuzz_mcp = load_benchmark("fuzz_mcp")
+from benchmarks.fuzz import fuzz, fuzz_mcp
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Start-up: importing and building the server, and using the knowledge tools, loads no torch.
 
-The time to answer `initialize` is measured by benchmarks/mcp_startup.py (docs/benchmarks.md), not
+The time to answer `initialize` is measured by benchmarks/cpu/mcp_startup.py (docs/benchmarks.md), not
 asserted here: a shared CI machine makes wall-clock limits flaky. The test checks that the server
 answers, with a limit that only catches a hang.
 """

@@ -2,6 +2,7 @@
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,46 @@ def test_command_parses(source, command):
         parser.parse_args(argv)
     except SystemExit as exc:
         pytest.fail(f"{source}: `{command}` does not parse (exit {exc.code})")
+
+
+# The benchmark scripts the docs, the card and the code name: `python benchmarks/<folder>/<script>.py ...` and
+# `bash benchmarks/<script>.sh` commands, and any other mention of a benchmarks/ script, must name a file that is
+# there (scripts move between folders; a stale path in a doc is a command that fails).
+ROOT = Path(__file__).resolve().parents[2]
+_BENCH_COMMAND = re.compile(r"(?:python3?|bash)\s+(benchmarks/[\w/.-]+\.(?:py|sh))\b")
+_BENCH_PATH = re.compile(r"(?<![\w/.-])benchmarks/[\w/.-]*?\.(?:py|sh)\b")
+_RESULT_COMMAND = re.compile(r'"command": "((?:[^"\\]|\\.)*)"')
+
+
+def _texts() -> dict[str, str]:
+    paths = [*ROOT.glob("docs/*.md"), ROOT / "README.md", *(ROOT / "skills").rglob("*.md"),
+             *(ROOT / "skills").rglob("*.yaml"), *(ROOT / "moe_overlap").rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
+             *[p for p in (ROOT / "benchmarks").rglob("*") if p.suffix in (".py", ".sh")
+               and "results" not in p.relative_to(ROOT).parts]]
+    return {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in paths}
+
+
+def _missing(found: list[tuple[str, str]]) -> list[str]:
+    return sorted({f"{src}: {script}" for src, script in found if not (ROOT / script).is_file()})
+
+
+@pytest.mark.skipif(not (ROOT / "benchmarks").is_dir(), reason="needs a source checkout")
+def test_benchmark_commands_in_docs_name_existing_scripts():
+    texts = _texts()
+    commands = [(src, s) for src, text in texts.items() if src.endswith((".md", ".yaml")) for s in
+                _BENCH_COMMAND.findall(text)]
+    in_benchmarks_md = {s for src, s in commands if src == "docs/benchmarks.md"}
+    assert len(in_benchmarks_md) >= 10, sorted(in_benchmarks_md)
+    assert not _missing(commands), "commands naming no script:\n" + "\n".join(_missing(commands))
+    mentions = [(src, s) for src, text in texts.items() for s in _BENCH_PATH.findall(text)]
+    assert not _missing(mentions), "benchmarks/ scripts that are not there:\n" + "\n".join(_missing(mentions))
+
+
+@pytest.mark.skipif(not (ROOT / "benchmarks").is_dir(), reason="needs a source checkout")
+def test_committed_results_name_existing_scripts():
+    found = []
+    for path in (ROOT / "benchmarks" / "results").rglob("*.json"):
+        for command in _RESULT_COMMAND.findall(path.read_text(encoding="utf-8")):
+            found += [(str(path.relative_to(ROOT)), s) for s in _BENCH_PATH.findall(command)]
+    assert len(found) >= 50
+    assert not _missing(found), "results whose command names no script:\n" + "\n".join(_missing(found))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
@@ -113,8 +112,7 @@ def test_chunk_share_is_the_committed_runs():
 
 @pytest.fixture()
 def anchors():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import estimate_anchors
+    from benchmarks.estimator import estimate_anchors
 
     return estimate_anchors
 

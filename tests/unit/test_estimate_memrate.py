@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -184,8 +183,7 @@ def test_a_runs_calibration_keeps_its_rates_beside_the_shares(tmp_path, capsys):
 
 @pytest.fixture()
 def anchors():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import estimate_anchors
+    from benchmarks.estimator import estimate_anchors
 
     return estimate_anchors
 
@@ -221,7 +219,7 @@ def _write(data: dict) -> str:
 
 
 def test_docs_show_the_table_the_script_prints(anchors):
-    """docs/estimate.md's table is `python benchmarks/estimate_anchors.py`'s, row for row (regenerate it)."""
+    """docs/estimate.md's table is `python benchmarks/estimator/estimate_anchors.py`'s, row for row (regenerate it)."""
     import glob
 
     files = sorted(glob.glob(str(ROOT / "benchmarks" / "results" / "**" / "ep_overlap_cuda_r*.json"), recursive=True))
@@ -231,4 +229,4 @@ def test_docs_show_the_table_the_script_prints(anchors):
     stale = [line for line in wanted if line not in doc]
     assert len(wanted) > 40 and stale == [], (
         "docs/estimate.md's table is stale (new results under benchmarks/results/?): paste the table and its "
-        "'terms'/'outside the modelled' lines of `python benchmarks/estimate_anchors.py`; missing:\n" + "\n".join(stale))
+        "'terms'/'outside the modelled' lines of `python benchmarks/estimator/estimate_anchors.py`; missing:\n" + "\n".join(stale))

@@ -81,13 +81,10 @@ def test_overlap_efficiency_per_link_kind():
 
 
 def test_the_anchors_and_our_runs():
-    """docs/estimate.md's table (python benchmarks/estimate_anchors.py): the errors it states."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    """docs/estimate.md's table (python benchmarks/estimator/estimate_anchors.py): the errors it states."""
     import glob
 
-    import estimate_anchors as ea
+    from benchmarks.estimator import estimate_anchors as ea
 
     files = sorted(glob.glob(str(ROOT / "benchmarks" / "results" / "h200x2_2026-11-29" / "ep_overlap_cuda_r2*.json")))
     rows = {(r["what"], r["quantity"]): r for r in ea.anchor_rows() + ea.our_rows(files)}

@@ -1,5 +1,5 @@
 """Fuzz every CLI command in process (issue 15): no traceback, exit codes 0/1/2 only, strict JSON, no input over
-10 s; the issue's cases are fixed examples. The generators are benchmarks/fuzz_inputs.py; benchmarks/fuzz.py runs
+10 s; the issue's cases are fixed examples. The generators are benchmarks/fuzz/fuzz_inputs.py; benchmarks/fuzz/fuzz.py runs
 them with >= 3000 inputs per parser (results committed in benchmarks/results/fuzz.json). Here a fixed, modest
 budget keeps CI fast."""
 
@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.benchmark_modules import load_benchmark
+from benchmarks.fuzz import fuzz
 
-fuzz = load_benchmark("fuzz")
 BUDGET = {"validate": 200, "estimate": 200, "check-logs": 200, "generate": 60, "diagnose": 60, "card": 30,
           "verify": 100}
 

@@ -1,4 +1,4 @@
-"""benchmarks/gemm_rate.py on CPU: the six expert GEMMs (both paths agree), the flop count, the JSON, bad input."""
+"""benchmarks/gpu/gemm_rate.py on CPU: the six expert GEMMs (both paths agree), the flop count, the JSON, bad input."""
 
 from __future__ import annotations
 
@@ -7,10 +7,8 @@ import json
 import pytest
 import torch
 
-from tests.benchmark_modules import load_benchmark
-
-gr = load_benchmark("gemm_rate")
-gs = load_benchmark("gpu_sections")
+from benchmarks.gpu import gemm_rate as gr
+from benchmarks.gpu import gpu_sections as gs
 
 
 def test_flops_are_the_six_gemms():
@@ -51,7 +49,7 @@ def test_cpu_run_writes_the_table_and_json(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| tiny-b | 2 x 16 | 32 | 16 |" in table
     data = json.loads(out.read_text())
-    assert data["command"].startswith("python benchmarks/gemm_rate.py --device cpu")
+    assert data["command"].startswith("python benchmarks/gpu/gemm_rate.py --device cpu")
     assert data["date"] and data["machine"]["cpu_count"] and data["versions"]["torch"] == torch.__version__
     r = data["shapes"]["tiny-b"]
     assert r["iters"] >= 20 and r["path"] in ("grouped_mm", "loop")

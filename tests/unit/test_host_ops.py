@@ -1,13 +1,12 @@
-"""benchmarks/host_ops.py on the CPU path: it counts the layer's ops by name and diffs two files."""
+"""benchmarks/gpu/host_ops.py on the CPU path: it counts the layer's ops by name and diffs two files."""
 
 import json
 import sys
 
-from tests.benchmark_modules import load_benchmark
+from benchmarks.gpu import host_ops
 
 
 def test_counts_ops_of_one_cpu_step_and_diffs_two_files(tmp_path, capsys, monkeypatch):
-    host_ops = load_benchmark("host_ops")
     ops, step_ms = host_ops.count("small", "cpu", iters=1)
     assert step_ms > 0
     # The layer's own autograd nodes are issued once per step, forward and backward.

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "moe_overlap"
+BENCHMARKS = PACKAGE.parent / "benchmarks"
 SKILL = PACKAGE / "skill"
 VERIFY = PACKAGE / "verify"
 MAX_LINES = 400
@@ -29,10 +30,13 @@ SKILL_FORBIDDEN = ("moe_overlap.ep", "moe_overlap.verify", "moe_overlap.mcp", "m
 HEAVY = ("torch", "transformer_engine", "megatron", "mcp")
 
 
-def _modules() -> dict[str, Path]:
+def _modules(root: Path | None = None) -> dict[str, Path]:
+    root = PACKAGE if root is None else root
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    for path in root.rglob("*.py"):
+        if "results" in path.relative_to(root).parts:
+            continue
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
@@ -61,8 +65,9 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = _modules()
+def import_graph(root: Path | None = None) -> dict[str, set[str]]:
+    """The import graph of the package (or of benchmarks/: its scripts import each other as benchmarks.*)."""
+    modules = _modules(root)
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 
 
@@ -145,6 +150,7 @@ def test_graph_sees_function_level_and_type_checking_imports(tmp_path, monkeypat
 
 def test_no_import_circle_in_the_package():
     cycles = find_cycles(import_graph())
+    cycles += find_cycles(import_graph(BENCHMARKS))
     assert not cycles, "import circles (move the shared types into a module of their own):\n" + "\n".join(
         " -> ".join(c) for c in cycles)
 
@@ -210,18 +216,33 @@ def test_verify_top_level_is_only_the_entry_point():
     assert len(modules) <= MAX_VERIFY_TOP_MODULES, f"verify/ has {len(modules)} top-level modules: {modules}"
 
 
+def test_benchmarks_import_each_other_as_a_package():
+    """One mechanism: benchmarks.<folder>.<module>; a bare `import peers_body` only worked with sys.path tricks."""
+    modules = _modules(BENCHMARKS)
+    bare = {m.rsplit(".", 1)[-1] for m in modules}
+    problems = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            problems += [f"{name}: import {t}" for t in targets if t.split(".")[0] in bare - {"benchmarks"}]
+            if isinstance(node, ast.ImportFrom) and node.level:
+                problems.append(f"{name}: relative import (a script run by path has no package)")
+    assert not problems, "\n".join(problems)
+
+
 def test_no_package_folder_holds_too_many_modules():
-    crowded = {str(d.relative_to(PACKAGE.parent)): n for d in [PACKAGE, *PACKAGE.rglob("*")]
-               if d.is_dir() and d.name != "__pycache__"
-               and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > MAX_MODULES_PER_FOLDER
-               and (d == VERIFY or VERIFY in d.parents)}
+    folders = [VERIFY, *VERIFY.rglob("*"), BENCHMARKS, *BENCHMARKS.rglob("*")]
+    crowded = {str(d.relative_to(PACKAGE.parent)): n for d in folders
+               if d.is_dir() and d.name != "__pycache__" and "results" not in d.relative_to(PACKAGE.parent).parts
+               and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > MAX_MODULES_PER_FOLDER}
     assert not crowded, f"folders over {MAX_MODULES_PER_FOLDER} modules (group them by job): {crowded}"
 
 
 def test_package_init_files_import_nothing():
     """So importing one module never drags in its siblings, and parent packages add no edges to the graph."""
     offenders = []
-    for init in PACKAGE.rglob("__init__.py"):
+    for init in [*PACKAGE.rglob("__init__.py"), *BENCHMARKS.rglob("__init__.py")]:
         tree = ast.parse(init.read_text(encoding="utf-8"))
         if any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(tree)):
             offenders.append(str(init.relative_to(PACKAGE.parent)))
@@ -244,6 +265,6 @@ def test_readme_layout_names_every_subpackage():
     layout = readme.split("## Layout", 1)[1].split("```text", 1)[1].split("```", 1)[0]
     missing = [f"moe_overlap/{p.name}/" for p in PACKAGE.iterdir()
                if (p / "__init__.py").is_file() and f"moe_overlap/{p.name}/" not in layout]
-    missing += [f"{root.name}/{p.name}/" for root in (SKILL, VERIFY) for p in _subpackages(root)
+    missing += [f"{root.name}/{p.name}/" for root in (SKILL, VERIFY, BENCHMARKS) for p in _subpackages(root)
                 if not re.search(rf"^\s+{p.name}/\s", layout, re.MULTILINE)]
     assert not missing, f"README's Layout section does not show: {missing}"

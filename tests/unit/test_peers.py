@@ -1,27 +1,17 @@
-"""benchmarks/peers.py without a GPU: the weight layouts of the peers, the balanced routing given to Megatron-Core,
+"""benchmarks/peers/peers.py without a GPU: the weight layouts of the peers, the balanced routing given to Megatron-Core,
 the agreement arithmetic and the results table. torchtitan's own GroupedExperts is checked where it imports."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-if str(BENCH) not in sys.path:
-    sys.path.append(str(BENCH))  # peers_body imports its sibling ep_overlap_body as a top-level module
-
-import peers  # noqa: E402
-import peers_body  # noqa: E402
-import peers_megatron  # noqa: E402
-import peers_titan  # noqa: E402
-
-from moe_overlap.ep.experts import experts_forward  # noqa: E402
-from moe_overlap.ep.refs import reference_expert  # noqa: E402
+from benchmarks.peers import peers, peers_body, peers_megatron, peers_titan
+from moe_overlap.ep.experts import experts_forward
+from moe_overlap.ep.refs import reference_expert
 from moe_overlap.ep.router import route  # noqa: E402
 
 L, D, F = 3, 16, 8
@@ -111,7 +101,7 @@ def _doc(titan_worst=5e-3):
         return {"median_ms": ms, "min_ms": ms, "n": 3}
 
     keys = ("out", "dx", "router.weight", "experts.w1", "experts.w2")
-    return {"command": "python benchmarks/peers.py --device cpu", "date": "2026-01-01T00:00:00+00:00",
+    return {"command": "python benchmarks/peers/peers.py --device cpu", "date": "2026-01-01T00:00:00+00:00",
             "machine": {"gpu": None}, "versions": {"torch": "2.x", "torchtitan": "0.3.0"}, "world": 2,
             "dtype": "bfloat16", "tolerance": 2e-2, "notes": ["a note"],
             "presets": [{"preset": "tiny", "impls": {
@@ -138,7 +128,7 @@ def test_markdown_table_and_reprint_from_json(tmp_path, capsys):
     text = peers.markdown(doc)
     assert "| tiny | 2 | torchtitan | 1.500 | 3.000 | 1.50 | 5.0e-03 (dx) | 6.0e-03 |" in text
     assert "| tiny | 2 | megatron | did not run: RuntimeError: needs CUDA |" in text
-    assert "`python benchmarks/peers.py --device cpu`" in text and "- a note" in text
+    assert "`python benchmarks/peers/peers.py --device cpu`" in text and "- a note" in text
     path = tmp_path / "r.json"
     path.write_text(json.dumps(doc))
     assert peers.main(["--markdown", str(path)]) == 0

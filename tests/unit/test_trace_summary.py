@@ -1,13 +1,10 @@
-"""benchmarks/trace_summary.py on hand-made chrome traces: windows, stream busy time, gaps, overlap."""
+"""benchmarks/gpu/trace_summary.py on hand-made chrome traces: windows, stream busy time, gaps, overlap."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from trace_summary import category, intersect, load, summarize, table, union  # noqa: E402
+from benchmarks.gpu.trace_summary import category, intersect, load, summarize, table, union
 
 
 def _rt(name, ts, dur, corr):

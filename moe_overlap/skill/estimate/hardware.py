@@ -87,7 +87,7 @@ LINKS: dict[str, LinkPreset] = {
     )
 }
 
-# One NVIDIA H200, torch 2.11, 2026-11-29: `python benchmarks/gpu_layer.py` (benchmarks/results/gpu_layer.json).
+# One NVIDIA H200, torch 2.11, 2026-11-29: `python benchmarks/gpu/gpu_layer.py` (benchmarks/results/gpu_layer.json).
 _H200_FILE = "benchmarks/results/gpu_layer.json"
 _H200_GEMM = {"qwen3-30b-a3b": 694.4, "deepseek-v3": 642.6}  # shapes.<model>.experts.raw_grouped_mm.tflops
 # HBM peaks, NVIDIA datasheets. "H100 80GB HBM3" is the SXM part's device name; H100 PCIe (2.0 TB/s) and H100 NVL

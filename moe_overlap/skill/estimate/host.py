@@ -14,7 +14,7 @@ issue time: a calibration input, measured on the machine and implementation at h
 * ``1f1b`` / ``1f1b+wgrad``: a layer pair issues the ops of one forward and one backward, plus the pairing's
   bookkeeping (events, stream switches, the deferred wgrad's closures). Factors: the pair row's ``host_ms`` over
   the no-overlap row's, mean over the three shapes of the three two-H200 runs in FACTOR_FILES (NCCL, copy
-  engines, NCCL again; ``benchmarks/ep_overlap.py``'s host issue time per call, median, no profiler).
+  engines, NCCL again; ``benchmarks/gpu/ep_overlap.py``'s host issue time per call, median, no profiler).
 * ``chunked`` with C chunks: 1 + CHUNK_HOST_SHARE x (C - 1): each extra chunk re-issues the expert and
   all-to-all part of the layer. The share is the median of (host chunked:C / host none - 1) / (C - 1) over the
   same rows, C = 2 and 4.

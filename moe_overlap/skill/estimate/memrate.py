@@ -1,6 +1,6 @@
 """Memory-bound rates from a measurement: the estimator's memory term fed like its GEMM term (torch-free).
 
-Reads a ``python benchmarks/gpu_layer.py --sections experts layer`` results file: our MoE layer at EP 1 on one GPU
+Reads a ``python benchmarks/gpu/gpu_layer.py --sections experts layer`` results file: our MoE layer at EP 1 on one GPU
 (bf16, balanced routing), its forward + backward profiled kernel by kernel (``shapes.<name>.layer.none.
 profile_fwd_bwd.top_self_gpu``), the weight-gradient accumulation timed alone (``experts.
 wgrad_accumulate_one_chunk``) and a device copy (``ceilings.copy_GBps``). Each kind of memory-bound pass the
@@ -36,7 +36,7 @@ from pathlib import Path
 from moe_overlap.skill.estimate import hardware as hw
 from moe_overlap.skill.estimate.model import MemoryEfficiency
 
-BYTES = 2  # gpu_layer.py runs the layer and the accumulation in bf16 (benchmarks/gpu_sections.py)
+BYTES = 2  # gpu_layer.py runs the layer and the accumulation in bf16 (benchmarks/gpu/gpu_sections.py)
 # For each version of our EP-1 layer's memory-bound kernels (moe_overlap/ep/fused.py, torch's index_select): the
 # kernel name prefixes that do one job -> (kind, calls per forward + backward). The row gathers of the
 # weights-in-the-SwiGLU layer were a Triton kernel at ca0ebb3 (`_gather_rows_kernel`), index_select again from
@@ -59,7 +59,7 @@ class MemRateError(ValueError):
     """The file cannot give the rates: says which file, what is missing and how to get it."""
 
     field = "mem_rate"
-    fix = ("give the --out file of `python benchmarks/gpu_layer.py --sections experts layer` (one GPU, fused "
+    fix = ("give the --out file of `python benchmarks/gpu/gpu_layer.py --sections experts layer` (one GPU, fused "
            "kernels on), measured at this shape, or give one share for every pass (hbm_efficiency, --hbm-efficiency)")
 
 

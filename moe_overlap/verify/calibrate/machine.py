@@ -7,7 +7,7 @@ dispatch, combine; ``torch.distributed.all_to_all_single`` as ``ep.all_to_all`` 
 Probes run in rounds (every probe once per round, each between two barriers); a probe's time is the
 median over rounds of the slowest rank's time (collectives finish together). Rounds interleave the probes
 so that a machine shared with other jobs (the 2-core dev/CI boxes here) loads them alike; medians damp
-that noise, they do not remove it. ``benchmarks/estimate_vs_measured.py`` interleaves these same probes
+that noise, they do not remove it. ``benchmarks/estimator/estimate_vs_measured.py`` interleaves these same probes
 with its measured layers.
 
 Derived numbers:

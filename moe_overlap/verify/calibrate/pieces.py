@@ -1,7 +1,7 @@
 """The pieces of one training step, timed alone in the ranks that trained (torch).
 
 After the modes have trained, every rank replays one step's worth of micro-batches through the baseline
-model's MoE layers, piece by piece, as benchmarks/ep_overlap_body.py does for a layer:
+model's MoE layers, piece by piece, as benchmarks/gpu/ep_overlap_body.py does for a layer:
 
   count exchange  the token counts of each dispatch (ep/counts.py)
   all-to-alls     dispatch, combine and their backward twins (same bytes, swapped splits), on the compute
@@ -12,7 +12,7 @@ model's MoE layers, piece by piece, as benchmarks/ep_overlap_body.py does for a 
   layer (host)    each layer's forward + backward without overlap (attention, norms, the MoE layer's schedule
                   "none", through autograd), from the layer's input in that forward: its time and its host
                   issue time (how long the host took to queue it, read before the closing device sync, as
-                  benchmarks/ep_overlap_body.py's Clock does). Per layer and micro-batch it is the
+                  benchmarks/common/timing.py's Clock does). Per layer and micro-batch it is the
                   estimator's ``host_ms`` (skill/estimate/host.py). Timed one layer at a time after a sync,
                   the host waits only on the layer's own router work at its count exchange, not on the GPU
                   work of earlier layers as it does inside a training step (train.py: StepResult.issued_at)

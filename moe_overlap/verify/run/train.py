@@ -164,7 +164,7 @@ class ModeRunner:
         # gradient reduction, before the loss read-back that waits for the GPU); not the optimizer (timed on its
         # own). It also holds the host's waits where the code syncs: the batch check and, at EP > 1, each count
         # exchange (its device-to-host copy waits for the work queued before it). The benchmarks' host issue time
-        # (benchmarks/ep_overlap_body.py, Clock) is the same reading around one layer after a device sync.
+        # (benchmarks/common/timing.py, Clock) is the same reading around one layer after a device sync.
         result = forward_backward(self.model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
                                   chunks=cfg.chunks, group=self.group, streams=self.comm_stream,
                                   counts_group=self.counts_group, transport=self.transport,
