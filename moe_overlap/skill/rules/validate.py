@@ -1,4 +1,5 @@
-"""validate_config: parse a config, run every rule of the selected Megatron-Core rule set, report findings."""
+"""validate_parsed: run every rule of the selected Megatron-Core rule set on a parsed config, report findings;
+validate_config: parse a config source, then validate_parsed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from moe_overlap.skill.config.model import effective_values, parse_config
+from moe_overlap.skill.config.model import OverlapConfig, effective_values, parse_config
 from moe_overlap.skill.rules.base import Ctx, Rule, Unchecked
 from moe_overlap.skill.rules.environment import Environment, detect_environment
 from moe_overlap.skill.rules.registry import rules_for
@@ -118,12 +119,23 @@ def validate_config(source: Any = None, *, overrides: Sequence[str] = (), argv: 
                     torch_version: str | None = None, te_version: str | None = None, gpu: str | None = None,
                     megatron_core_version: str | None = None,
                     env: Mapping[str, str] | Environment | None = None, detect: bool = True) -> ValidationResult:
-    """Validate a config (dict, path, YAML text; plus Megatron-LM `argv` and dotted `overrides`).
+    """Validate a config (dict, path, YAML text; plus Megatron-LM `argv` and dotted `overrides`): parse it, then
+    validate_parsed.
 
     `env`: environment variables to read (default os.environ), or a ready Environment (then nothing is detected).
     Raises ConfigError on unreadable input.
     """
-    cfg = parse_config(source, overrides, argv=argv)
+    return validate_parsed(parse_config(source, overrides, argv=argv), torch_version=torch_version,
+                           te_version=te_version, gpu=gpu, megatron_core_version=megatron_core_version, env=env,
+                           detect=detect)
+
+
+def validate_parsed(cfg: OverlapConfig, *, torch_version: str | None = None, te_version: str | None = None,
+                    gpu: str | None = None, megatron_core_version: str | None = None,
+                    env: Mapping[str, str] | Environment | None = None, detect: bool = True) -> ValidationResult:
+    """Validate a config already parsed into the skill's model: nothing is read or parsed again, so a caller
+    that holds the parse (a verification validating each of its modes) validates exactly what it parsed, the
+    parser's notes included. Arguments as validate_config's."""
     if isinstance(env, Environment):
         environment = env
     else:

@@ -1,5 +1,9 @@
 """Everything decided before a rank starts: config, ranks, modes, output folder, validation (torch-free).
 
+The config travels one way: read and mapped once (config.load_verify_config: a Megatron source parsed once into
+the skill's OverlapConfig on the way), parsed once into the skill's model when the source is ours
+(validated_config), and every mode's validation runs on that parse (validate_parsed), never on a source again.
+
 Bad input raises :class:`VerifyInputError` here, before anything is launched (the CLI's exit 2).
 """
 
@@ -15,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from moe_overlap.skill.config.model import OverlapConfig, parse_config
-from moe_overlap.skill.rules.validate import validate_config
+from moe_overlap.skill.rules.validate import validate_parsed
 from moe_overlap.verify.plan.config import VerifyConfig, VerifyConfigError, load_verify_config
 from moe_overlap.verify.plan.modes import ModeError, ModeSpec, resolve_modes
 from moe_overlap.verify.plan.options import VerifyOptions
@@ -94,7 +98,7 @@ def _out_dir(options: VerifyOptions) -> Path:
 
 def validated_config(cfg: VerifyConfig, parsed: OverlapConfig | None) -> OverlapConfig:
     """What the validator checks: a Megatron source as parsed (the user's config, before this machine's
-    adjustments), else the Megatron view of the run config."""
+    adjustments), else the Megatron view of the run config (parsed here, the one parse of an own source)."""
     return parsed if parsed is not None else parse_config(cfg.megatron_view())
 
 
@@ -196,12 +200,13 @@ def validate_modes(plan: Plan) -> dict[str, Any]:
             continue
         comm = plan.megatron.comm_overlap.model_copy(update={"overlap_moe_expert_parallel_comm": spec.overlap,
                                                             "delay_wgrad_compute": spec.delay_wgrad})
-        res = validate_config(plan.megatron.model_copy(update={"comm_overlap": comm})).model_dump(mode="json")
+        res = validate_parsed(plan.megatron.model_copy(update={"comm_overlap": comm})).model_dump(mode="json")
         for f in res.get("findings", []):
             if f.get("severity") == "error" and plan.config_kind != "megatron" and f.get("rule") in WAIVERS:
                 f["waived"] = True
                 waived.append({"mode": spec.name, "rule": f["rule"], "reason": WAIVERS[f["rule"]]})
         res["valid"] = not any(f.get("severity") == "error" and not f.get("waived") for f in res.get("findings", []))
         results[spec.name] = res
+    # "source" keeps the validator's public name in reports (validate_config is validate_parsed after one parse).
     return {"available": True, "source": "moe_overlap.skill.rules.validate.validate_config", "results": results,
             "waived": waived}
