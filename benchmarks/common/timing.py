@@ -1,5 +1,5 @@
-"""The benchmarks' shared timing and probing helpers: CUDA events (cuda_time), the all-rank Clock of the spawned
-benchmarks (ep_overlap, peers), ceilings, the profiler and host syncs."""
+"""The benchmarks' shared timing and probing helpers: CUDA events (cuda_time), the all-rank Clock of the
+spawned benchmarks (ep_overlap, peers), ceilings, the profiler and host syncs."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""What a fuzz run counts per parser (inputs, tracebacks, inputs over the limit, exit codes, bad JSON): shared by
-benchmarks/fuzz/fuzz.py (the CLI parsers) and benchmarks/fuzz/fuzz_mcp.py (the MCP tools), so neither imports the
-other."""
+"""What a fuzz run counts per parser (inputs, tracebacks, inputs over the limit, exit codes, bad JSON),
+shared by benchmarks/fuzz/fuzz.py (the CLI parsers) and benchmarks/fuzz/fuzz_mcp.py (the MCP tools), so
+neither imports the other."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # benchmarks.* and moe_overlap from this checkout, however the script is started
+sys.path.insert(0, str(ROOT))  # benchmarks.* and moe_overlap from this checkout, however started
 
 import torch  # noqa: E402
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # benchmarks.* and moe_overlap from this checkout, however the script is started
+sys.path.insert(0, str(ROOT))  # benchmarks.* and moe_overlap from this checkout, however started
 # benchmarks.* is imported before BENCH_CODE_ROOT goes first on sys.path: these sections are this checkout's
 # (their moe_overlap imports are inside the functions, so they measure the version asked for).
 from benchmarks.common.timing import ceilings  # noqa: E402

@@ -1,4 +1,4 @@
-"""What each rank of benchmarks/gpu/profile_layer.py runs (a top-level module: spawned ranks import it by name)."""
+"""What each rank of benchmarks/gpu/profile_layer.py runs (spawned ranks import it by its module name)."""
 
 from __future__ import annotations
 

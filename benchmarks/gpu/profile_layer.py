@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # benchmarks.* and moe_overlap from this checkout, however the script is started
+sys.path.insert(0, str(ROOT))  # benchmarks.* and moe_overlap from this checkout, however started
 
 from benchmarks.gpu.ep_overlap import NVLS_OFF, PRESETS, machine_info  # noqa: E402
 from benchmarks.gpu.trace_summary import table  # noqa: E402

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # benchmarks.* and moe_overlap from this checkout, however the script is started
+sys.path.insert(0, str(ROOT))  # benchmarks.* and moe_overlap from this checkout, however started
 PRESETS = {
     "qwen3-30b-a3b": dict(tokens=4096, hidden=2048, ffn=768, experts=128, topk=8),
     "dsv3-proxy": dict(tokens=4096, hidden=7168, ffn=2048, experts=32, topk=8),

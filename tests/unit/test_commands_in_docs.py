@@ -56,9 +56,9 @@ def test_command_parses(source, command):
         pytest.fail(f"{source}: `{command}` does not parse (exit {exc.code})")
 
 
-# The benchmark scripts the docs, the card and the code name: `python benchmarks/<folder>/<script>.py ...` and
-# `bash benchmarks/<script>.sh` commands, and any other mention of a benchmarks/ script, must name a file that is
-# there (scripts move between folders; a stale path in a doc is a command that fails).
+# The benchmark scripts the docs, the card and the code name: `python benchmarks/<folder>/<script>.py ...`
+# and `bash benchmarks/<script>.sh` commands, and any other mention of a benchmarks/ script, must name a
+# file that is there (scripts move between folders; a stale path in a doc is a command that fails).
 ROOT = Path(__file__).resolve().parents[2]
 _BENCH_COMMAND = re.compile(r"(?:python3?|bash)\s+(benchmarks/[\w/.-]+\.(?:py|sh))\b")
 _BENCH_PATH = re.compile(r"(?<![\w/.-])benchmarks/[\w/.-]*?\.(?:py|sh)\b")
@@ -67,7 +67,8 @@ _RESULT_COMMAND = re.compile(r'"command": "((?:[^"\\]|\\.)*)"')
 
 def _texts() -> dict[str, str]:
     paths = [*ROOT.glob("docs/*.md"), ROOT / "README.md", *(ROOT / "skills").rglob("*.md"),
-             *(ROOT / "skills").rglob("*.yaml"), *(ROOT / "moe_overlap").rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
+             *(ROOT / "skills").rglob("*.yaml"), *(ROOT / "moe_overlap").rglob("*.py"),
+             *(ROOT / "tests").rglob("*.py"),
              *[p for p in (ROOT / "benchmarks").rglob("*") if p.suffix in (".py", ".sh")
                and "results" not in p.relative_to(ROOT).parts]]
     return {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in paths}

@@ -170,7 +170,8 @@ def _allowed(package: Path) -> tuple[str, ...]:
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
     # The docstring ends with the line; a long list may wrap onto the lines after it.
     match = re.search(r"^May import: (.*)\Z", doc, re.MULTILINE | re.DOTALL)
-    assert match, f"{package.relative_to(PACKAGE.parent)}/__init__.py: the docstring must end with a 'May import:' line"
+    where = package.relative_to(PACKAGE.parent)
+    assert match, f"{where}/__init__.py: the docstring must end with a 'May import:' line"
     return tuple(re.findall(r"moe_overlap(?:\.[a-z_]+)+", match.group(1)))
 
 
@@ -206,8 +207,9 @@ def test_verify_subpackages_import_only_what_their_docstring_allows():
     assert {p.name for p in _subpackages(VERIFY)} >= {"plan", "run", "judge", "calibrate"}
     problems = _outside_docstring(VERIFY, graph)
     # The run side never reaches back into the wiring that calls it.
+    wiring = SKILL_FORBIDDEN[2:]
     problems += [f"{name} imports {t}" for name, targets in graph.items() if name.startswith("moe_overlap.verify")
-                 for t in targets if t.startswith(SKILL_FORBIDDEN[2:])]
+                 for t in targets if t.startswith(wiring)]
     assert not problems, "\n".join(problems)
 
 
@@ -217,7 +219,7 @@ def test_verify_top_level_is_only_the_entry_point():
 
 
 def test_benchmarks_import_each_other_as_a_package():
-    """One mechanism: benchmarks.<folder>.<module>; a bare `import peers_body` only worked with sys.path tricks."""
+    """One mechanism: benchmarks.<folder>.<module> (a bare `import peers_body` needs sys.path tricks)."""
     modules = _modules(BENCHMARKS)
     bare = {m.rsplit(".", 1)[-1] for m in modules}
     problems = []
@@ -233,9 +235,10 @@ def test_benchmarks_import_each_other_as_a_package():
 
 def test_no_package_folder_holds_too_many_modules():
     folders = [VERIFY, *VERIFY.rglob("*"), BENCHMARKS, *BENCHMARKS.rglob("*")]
+    folders = [d for d in folders if d.is_dir() and d.name != "__pycache__"
+               and "results" not in d.relative_to(PACKAGE.parent).parts]
     crowded = {str(d.relative_to(PACKAGE.parent)): n for d in folders
-               if d.is_dir() and d.name != "__pycache__" and "results" not in d.relative_to(PACKAGE.parent).parts
-               and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > MAX_MODULES_PER_FOLDER}
+               if (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > MAX_MODULES_PER_FOLDER}
     assert not crowded, f"folders over {MAX_MODULES_PER_FOLDER} modules (group them by job): {crowded}"
 
 
