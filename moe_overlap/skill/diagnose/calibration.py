@@ -71,13 +71,13 @@ def evaluate(scored: list[Scored], threshold: float) -> Outcome:
 def sweep(scored: list[Scored]) -> tuple[float, list[Outcome]]:
     """Outcomes at each candidate threshold (midpoints between distinct top scores) and the chosen one."""
     raws = sorted({round(s.top_raw, 6) for s in scored} | {0.0})
-    candidates = [(a + b) / 2 for a, b in zip(raws, raws[1:])] + [raws[-1] + 1.0]
+    candidates = [(a + b) / 2 for a, b in zip(raws, raws[1:], strict=False)] + [raws[-1] + 1.0]
     outcomes = [evaluate(scored, t) for t in candidates]
     best = max(min(o.accuracy, o.none_rate) for o in outcomes)
     # the widest run of consecutive distinct scores where the best holds; its middle is the most robust choice
     good = [i for i, o in enumerate(outcomes) if min(o.accuracy, o.none_rate) == best]
     runs, start = [], good[0]
-    for a, b in zip(good, good[1:] + [None]):
+    for a, b in zip(good, good[1:] + [None], strict=True):
         if b != a + 1:
             runs.append((start, a))
             start = b
