@@ -23,6 +23,7 @@ class Scored:
     expected: str | None
     top: str | None
     top_raw: float
+    held_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,10 @@ def load_labelled(path: Path) -> list[dict]:
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     texts = data["texts"]
     for i, entry in enumerate(texts):
-        if set(entry) != {"source", "expected", "text"} or not str(entry["text"]).strip():
-            raise ValueError(f"{path}: texts[{i}] needs exactly source, expected (a failure mode or null) and text")
+        if not {"source", "expected", "text"} <= set(entry) <= {"source", "expected", "text", "held_out"} or not str(
+                entry["text"]).strip():
+            raise ValueError(f"{path}: texts[{i}] needs source, expected (a failure mode or null) and text "
+                             "(and optionally held_out)")
     return texts
 
 
@@ -56,7 +59,7 @@ def score_all(texts: list[dict], skill: str = DEFAULT_SKILL) -> list[Scored]:
     for entry in texts:
         scored, _ = rank(str(entry["text"]).strip(), skill)
         raw, mode = (scored[0][0], scored[0][1].name) if scored else (0.0, None)
-        out.append(Scored(entry["source"], entry["expected"], mode, raw))
+        out.append(Scored(entry["source"], entry["expected"], mode, raw, bool(entry.get("held_out"))))
     return out
 
 
