@@ -8,9 +8,9 @@ Evidence, strongest first:
      named in the text (e.g. pasted from `moe-overlap validate` output);
   2. its generic patterns ("hangs", "no speedup") and the words it shares with the mode's symptom / cause /
      confirmation / fix, weighted by inverse document frequency, so words every mode uses count for nothing and
-     config field names count most. These count only when the text has the context the mode needs, or when the
-     text is not recognisably another failure (a `not_ep_overlap` category such as an illegal memory access or a
-     generic NCCL watchdog timeout).
+     config field names count most. These count only when the text has the context the mode needs, or when it is
+     a short typed symptom that is not recognisably another failure (a `not_ep_overlap` category such as an
+     illegal memory access or a generic NCCL watchdog timeout).
 Below `THRESHOLD` the answer is "not an EP-overlap failure", with what to do instead.
 Matching is linear in the text (textmatch.py): one tokenisation, one trie walk, set lookups.
 Torch-free; the card and the data file are the only data.
@@ -36,6 +36,9 @@ WORD_WEIGHT = 0.5
 IDENTIFIER_BONUS = 1.5  # snake_case config names are specific; plain words less so
 WORD_CAP = 2.0  # shared words alone (a long log shares many) stay below the threshold
 MIN_SCORE = 0.5  # below this a mode is not listed at all
+# A symptom typed in a few words ("training hangs at the first step") is read in the tool's own context, the EP
+# overlap; a longer text (a pasted log or thread) must carry that context itself for generic evidence to count.
+SHORT_SYMPTOM_TOKENS = 16
 # Calibrated on tests/data/diagnose_labelled.yaml (upstream texts, labelled): `python tools/calibrate_diagnose.py`
 # sweeps the threshold on the top raw score and prints, per threshold, the top-1 accuracy on the texts that have
 # a failure mode and the "not an EP-overlap failure" rate on those that have none; THRESHOLD is the middle of the
@@ -108,7 +111,8 @@ def _index(ms: ModeSet) -> tuple[list[set[str]], dict[str, float]]:
 
 
 def _score(mode: Mode, hits: list[bool], ms: ModeSet, kebabs: set[str], words: set[str], doc: set[str],
-           idf: dict[str, float], ctx: dict[str, bool], other_failure: bool) -> tuple[float, list[str]]:
+           idf: dict[str, float], ctx: dict[str, bool], other_failure: bool,
+           short: bool) -> tuple[float, list[str]]:
     raw, matched = 0.0, []
     spec = [ms.matcher.patterns[i].source for i in mode.specific if hits[i]]
     if spec:
@@ -120,8 +124,8 @@ def _score(mode: Mode, hits: list[bool], ms: ModeSet, kebabs: set[str], words: s
         matched += [f"rule id: {rid}" if rid != mode.name else f"name: {rid}" for rid in ids]
     needs = mode.needs or "ep"
     in_context = ctx["overlap"] or (needs == "ep" and ctx["ep"]) or any(hits[i] for i in mode.also_context)
-    if other_failure and not in_context:
-        return raw, matched  # a recognisably different failure: only direct evidence counts
+    if not in_context and (other_failure or not short):
+        return raw, matched  # another failure, or a long text without EP-overlap context: direct evidence only
     gen = [ms.matcher.patterns[i].source for i in mode.generic if hits[i]]
     if gen:
         raw += GENERIC_WEIGHT + EXTRA_GENERIC_WEIGHT * (len(gen) - 1)
@@ -148,7 +152,8 @@ def rank(text: str, skill: str = DEFAULT_SKILL) -> tuple[list[tuple[float, Mode,
     category = next(((cid, todo) for cid, todo, ids in ms.categories if any_hit(ids)), None)
     scored = []
     for mode, doc in zip(ms.modes, docs, strict=True):
-        raw, matched = _score(mode, hits, ms, kebabs, words, doc, idf, ctx, category is not None)
+        raw, matched = _score(mode, hits, ms, kebabs, words, doc, idf, ctx, category is not None,
+                              len(toks) <= SHORT_SYMPTOM_TOKENS)
         scored.append((raw, mode, matched))
     scored.sort(key=lambda item: -item[0])
     return scored, category
