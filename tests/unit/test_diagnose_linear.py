@@ -37,6 +37,18 @@ def test_adversarial_text_answers_fast(name):
     assert result.verdict in ("ep-overlap-failure", "not-an-ep-overlap-failure")
 
 
+def test_non_utf8_text_gives_a_json_result(capsys):
+    import json
+
+    from moe_overlap.cli import main
+
+    r = api.diagnose("DeepEP error: timeout (dispatch CPU) \udcff\ud800")
+    assert r.matches[0].failure_mode == "deepep-dispatch-timeout"
+    r.model_dump_json()
+    assert main(["diagnose", "\udcff hang \ud800", "--format", "json"]) in (0, 1)
+    json.loads(capsys.readouterr().out)
+
+
 def test_cost_grows_linearly():
     """8x the text costs far less than 64x the time (quadratic growth would): the trie walk is per token."""
     unit = "deepep is not used because the hybridep all_gather_into_tensor hangs " * 60

@@ -166,7 +166,8 @@ _UNRECOGNISED = ("no known EP-overlap failure mode matches; paste the full error
 
 def diagnose(text: str, limit: int = 5, *, skill: str = DEFAULT_SKILL) -> DiagnosisResult:
     """Rank the failure modes of `skill` against `text` (an error message, log excerpt or symptom)."""
-    query = (text or "").strip()
+    # Lone surrogates (a non-UTF-8 argv decodes to them) cannot be written as JSON: replace them, in one pass.
+    query = (text or "").encode("utf-8", "replace").decode("utf-8").strip()
     if not query:
         raise ValueError("diagnose needs an error message or a symptom to match (got empty text)")
     if limit < 1:
