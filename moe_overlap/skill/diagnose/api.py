@@ -9,8 +9,8 @@ Evidence, strongest first:
   2. its generic patterns ("hangs", "no speedup") and the words it shares with the mode's symptom / cause /
      confirmation / fix, weighted by inverse document frequency, so words every mode uses count for nothing and
      config field names count most. These count only when the text has the context the mode needs, or when it is
-     a short typed symptom that is not recognisably another failure (a `not_ep_overlap` category such as an
-     illegal memory access or a generic NCCL watchdog timeout).
+     a short typed symptom ("hangs", "no speedup") that is not recognisably another failure (a `not_ep_overlap`
+     category such as an illegal memory access or a generic NCCL watchdog timeout).
 Below `THRESHOLD` the answer is "not an EP-overlap failure", with what to do instead.
 Matching is linear in the text (textmatch.py): one tokenisation, one trie walk, set lookups.
 Torch-free; the card and the data file are the only data.
@@ -122,10 +122,14 @@ def _score(mode: Mode, hits: list[bool], ms: ModeSet, kebabs: set[str], words: s
     if ids:
         raw += RULE_ID_WEIGHT * len(ids)
         matched += [f"rule id: {rid}" if rid != mode.name else f"name: {rid}" for rid in ids]
+    # Context the mode needs for its generic evidence. A text recognisably about another failure must name the
+    # overlap itself; expert-parallel words alone (every MoE log has them) are not enough there.
     needs = mode.needs or "ep"
-    in_context = ctx["overlap"] or (needs == "ep" and ctx["ep"]) or any(hits[i] for i in mode.also_context)
-    if not in_context and (other_failure or not short):
-        return raw, matched  # another failure, or a long text without EP-overlap context: direct evidence only
+    in_context = (ctx["overlap"] or (needs == "ep" and ctx["ep"] and not other_failure)
+                  or any(hits[i] for i in mode.also_context))
+    typed_symptom = short and mode.typed_symptom and not other_failure
+    if not (in_context or typed_symptom):
+        return raw, matched  # direct evidence only
     gen = [ms.matcher.patterns[i].source for i in mode.generic if hits[i]]
     if gen:
         raw += GENERIC_WEIGHT + EXTRA_GENERIC_WEIGHT * (len(gen) - 1)

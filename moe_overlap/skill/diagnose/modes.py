@@ -37,6 +37,9 @@ class Context(_Strict):
 
 class CardModeOverlay(_Strict):
     needs: Need | None = None
+    typed_symptom: bool = Field(default=False, description=(
+        "its generic patterns are symptom phrases a user types (hangs, no speedup): in a short text they count "
+        "without context"))
     also_context: list[str] = Field(default_factory=list, description="more patterns that satisfy `needs`")
     generic: list[str] = Field(default_factory=list, description="those of the card's patterns that are generic")
     extra: list[str] = Field(default_factory=list, description="more specific patterns")
@@ -84,6 +87,7 @@ class Mode:
     specific: tuple[int, ...]  # indexes into ModeSet.patterns
     generic: tuple[int, ...]
     needs: Need | None
+    typed_symptom: bool
     also_context: tuple[int, ...]
     sources: tuple[str, ...]
     doc: str  # the text whose words are matched
@@ -167,7 +171,7 @@ def mode_set(skill: str = DEFAULT_SKILL) -> ModeSet:
         modes.append(Mode(
             fm.name, fm.symptom, fm.likely_cause, fm.how_to_confirm, fm.fix, tuple(fm.rule_ids),
             b.add(specific, f"card failure mode {fm.name}"), b.add(over.generic, f"card_modes.{fm.name}"),
-            over.needs, b.add(over.also_context, f"card_modes.{fm.name}"),
+            over.needs, over.typed_symptom, b.add(over.also_context, f"card_modes.{fm.name}"),
             tuple(_card_sources(card, fm.rule_ids) + over.sources),
             " ".join([fm.name.replace("-", " "), fm.symptom, fm.likely_cause, fm.how_to_confirm, fm.fix])))
     rule_ids = set(card.constraint_ids())
@@ -180,7 +184,7 @@ def mode_set(skill: str = DEFAULT_SKILL) -> ModeSet:
         modes.append(Mode(
             rm.name, rm.symptom, rm.likely_cause, rm.how_to_confirm, rm.fix, tuple(rm.rule_ids),
             b.add(rm.patterns, f"failure_modes.{rm.name}"), b.add(rm.generic, f"failure_modes.{rm.name}"),
-            rm.needs, (), tuple(rm.sources),
+            rm.needs, False, (), tuple(rm.sources),
             " ".join([rm.name.replace("-", " "), rm.symptom, rm.likely_cause, rm.how_to_confirm, rm.fix])))
     categories = tuple((c.id, c.what_to_do, b.add(c.patterns, f"not_ep_overlap.{c.id}"))
                        for c in data.not_ep_overlap)
