@@ -1,6 +1,7 @@
 """`moe-overlap diagnose "TEXT"`: rank known failure modes against an error message or symptom.
 
-Exit 0 when at least one failure mode matched, 1 when none did, 2 on bad input.
+Exit 0 when a failure mode scores at or above the calibrated threshold, 1 when the text is not an EP-overlap
+failure (the result says what it looks like and what to do instead), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ def add_arguments(parser) -> None:
 
 def render_text(result) -> str:
     if not result.matches:
-        return f"no known failure mode matches: {result.query!r}\nhint: {result.hint}"
+        query = result.query if len(result.query) <= 200 else result.query[:200] + "..."
+        kind = result.not_ep_overlap.kind if result.not_ep_overlap else "unrecognised"
+        return f"not an EP-overlap failure ({kind}): {query!r}\nhint: {result.hint}"
     lines = []
     for i, m in enumerate(result.matches, 1):
         lines += [
@@ -26,6 +29,7 @@ def render_text(result) -> str:
             f"   likely cause:   {m.likely_cause}",
             f"   how to confirm: {m.how_to_confirm}",
             f"   fix:            {m.fix}",
+            *([f"   sources:        {'; '.join(m.sources)}"] if m.sources else []),
             "",
         ]
     return "\n".join(lines).rstrip() + "\n"

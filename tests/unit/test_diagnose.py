@@ -19,7 +19,9 @@ CASES = [
     ("the step time is unchanged after enabling overlap", "no-speedup"),
     ("training hangs at the first step, no error", "old-torch-hang"),
     ("I set moe_flex_dispatcher_backend=deepep but the flex dispatcher is not used", "flex-backend-ignored"),
-    ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", "out-of-memory-after-enabling"),
+    # a bare OOM is no evidence of the overlap (test_bare_oom_is_not_an_ep_overlap_failure); with the overlap named it is
+    ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB after enabling overlap_moe_expert_parallel_comm",
+     "out-of-memory-after-enabling"),
     ("the loss diverges from the baseline after 200 steps", "loss-diverges-from-baseline"),
     ("WARNING: DeepEP is not supported on this GPU, falling back to alltoall", "flex-unsupported-gpu"),
     ("validate says: error ep-divides-experts", "experts-not-divisible-by-ep"),

@@ -57,12 +57,17 @@ def test_wheel_serves_the_card_without_a_checkout(tmp_path):
     assert where.startswith(str(env_dir)) and where.endswith("_data"), where
     for rel in ("skills/perf-expert-parallel-overlap/SKILL.md", "skills/perf-expert-parallel-overlap/evals/evals.json",
                 "schemas/card.schema.json", "skills/perf-expert-parallel-overlap/references/communication-overlap.md",
-                "skills/perf-expert-parallel-overlap/assets/ep-overlap-minimal.yaml"):
+                "skills/perf-expert-parallel-overlap/assets/ep-overlap-minimal.yaml",
+                "skills/perf-expert-parallel-overlap/references/runtime-failures.yaml"):
         assert (Path(where) / rel).is_file(), rel
     # The verification's corpus ships beside the module that reads it (verify/run/data/corpus.txt).
     corpus = _run([str(py), "-c", "from moe_overlap.verify.run.corpus import CORPUS_PATH, corpus_bytes; "
                    "print(CORPUS_PATH, len(corpus_bytes()))"], cwd=outside, env=env, timeout=60).stdout.split()
     assert corpus[0].startswith(str(env_dir)) and int(corpus[1]) > 1000, corpus
+    # diagnose reads the runtime failure modes from the installed data too
+    diag = _run([str(exe), "diagnose", "RuntimeError: DeepEP error: timeout (dispatch CPU)"], cwd=outside, env=env,
+                timeout=120)
+    assert "deepep-dispatch-timeout" in diag.stdout
 
     # An unknown field is still exit 2 with the choices, from the installed wheel.
     bad = subprocess.run([str(exe), "card", "perf-expert-parallel-overlap", "--field", "nope"], cwd=outside,

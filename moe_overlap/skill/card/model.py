@@ -128,7 +128,9 @@ class FailureMode(_Strict):
     rule_ids: list[str] = Field(default_factory=list)
     patterns: list[str] = Field(
         default_factory=list,
-        description="case-insensitive regular expressions matched against error text by `diagnose`",
+        description=("word patterns matched against error text by `diagnose`, in time linear in the text: "
+                     "space-separated words, `a|b` alternatives, `pre*` a prefix, `...` a gap of up to 12 words "
+                     "(moe_overlap/skill/diagnose/textmatch.py)"),
     )
 
 
