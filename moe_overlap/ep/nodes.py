@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from moe_overlap.ep.all_to_all import A2AHandle, all_to_all_async, group_size
+from moe_overlap.ep import sync_free as sf
+from moe_overlap.ep.all_to_all import A2AHandle, all_to_all_async, all_to_all_equal_async, group_size
 from moe_overlap.ep.counts import (
     CountsHandle,
     DispatchPlan,
@@ -50,7 +51,9 @@ class NodeContext:
     grad_scale: d(objective)/d(micro-batch loss), 1/M for M micro-batches; counts_group: a host (gloo)
     group over the same ranks for the token-count exchange (counts.py), None to use ``group``;
     transport: copy-engine all-to-alls (transport.py), None for the group's own; sm_margin: SMs the
-    expert GEMMs leave to the all-to-all kernels while one is in flight (sm_margin.py; 0 = off).
+    expert GEMMs leave to the all-to-all kernels while one is in flight (sm_margin.py; 0 = off);
+    sync_free: the host-sync-free path (sync_free.py: counts and splits on the device, equal-block all-to-alls
+    of ``capacity`` rows per peer, None: the worst case), at any group size.
     """
 
     group: dist.ProcessGroup
@@ -60,6 +63,8 @@ class NodeContext:
     counts_group: dist.ProcessGroup | None = None
     transport: object = None  # transport.py copy engines for the all-to-alls (None: the group's own)
     sm_margin: int = 0
+    sync_free: bool = False
+    capacity: int | None = None
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -77,12 +82,27 @@ class LayerRun:
     def __init__(self, block, ctx: NodeContext, aux_loss_coeff: float) -> None:
         self.block, self.ctx, self.aux_coeff = block, ctx, aux_loss_coeff
         self.handle: A2AHandle | None = None
+        self.sync_free = ctx.sync_free
+
+    def _a2a(self, x: torch.Tensor, out_splits, in_splits, after=None) -> A2AHandle:
+        """Start an all-to-all: the plan's variable splits, or (sync-free) equal blocks."""
+        c = self.ctx
+        if self.sync_free:
+            return all_to_all_equal_async(x, c.group, c.comm_stream, after=after)
+        return all_to_all_async(x, out_splits, in_splits, c.group, c.comm_stream, after=after, transport=c.transport)
+
+    def _from_wire(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows back in this rank's dispatch order (sync-free: out of the peer blocks)."""
+        return sf.unpad_send(x, self.plan) if self.sync_free else x
+
+    def _to_wire(self, x: torch.Tensor) -> torch.Tensor:
+        return sf.pad_send(x, self.plan) if self.sync_free else x
 
     # ------------------------------------------------------------------ forward
     def pre_forward(self, x_BSD: torch.Tensor) -> None:
         """pre-dispatch node: attention + norm + router + permute, then the counts exchange."""
         blk, moe = self.block, self.block.moe
-        self.local = group_size(self.ctx.group) == 1
+        self.local = group_size(self.ctx.group) == 1 and not self.sync_free
         self.x_in = _leaf(x_BSD)
         with torch.enable_grad():
             self.h_BSD = blk.attention(self.x_in, self.ctx.store)
@@ -102,7 +122,12 @@ class LayerRun:
         # plan_wait() blocks for them once the schedule has queued other compute (counts.py).
         self.pplan = pplan
         self.counts: CountsHandle | None = None
-        if not self.local:
+        if self.sync_free:  # counts on the device; the send blocks filled now, before the dispatch's event
+            kept_RL, self.counts = sf.start_counts(pplan, moe.num_experts, self.ctx.group, self.ctx.capacity,
+                                                   self.ctx.comm_stream)
+            self.send = sf.send_side(pplan, kept_RL, self.ctx.capacity)
+            self.x_wire = sf.pad_send(self.x_ND.detach(), self.send)
+        elif not self.local:
             self.counts = start_count_exchange(pplan.tokens_per_expert_E.unsqueeze(0), moe.num_experts,
                                                self.ctx.group, counts_group=self.ctx.counts_group)
         # The dispatch waits for this event only, so it may be issued after unrelated compute.
@@ -110,7 +135,10 @@ class LayerRun:
 
     def plan_wait(self) -> None:
         """Wait for the counts (EP > 1: the layer's one host sync) and build the dispatch plan."""
-        if self.counts is None:
+        if self.sync_free:  # no host wait: the compute stream waits for the counts' all-to-all
+            self.plan = sf.build_plan(self.pplan, self.send, self.counts.wait())
+            del self.send
+        elif self.counts is None:
             self.plan: DispatchPlan = local_plan(self.pplan)
         else:
             (send_E,), (recv_RL,) = self.counts.wait()
@@ -119,10 +147,9 @@ class LayerRun:
 
     def dispatch_forward_start(self) -> None:
         p = self.plan
-        self.handle = all_to_all_async(self.x_ND.detach(), p.recv_splits, p.send_splits, self.ctx.group,
-                                       self.ctx.comm_stream, after=self.x_ready,
-                                       transport=self.ctx.transport)
-        self.x_ready = None
+        x = self.x_wire if self.sync_free else self.x_ND.detach()
+        self.handle = self._a2a(x, p.recv_splits, p.send_splits, after=self.x_ready)
+        self.x_ready = self.x_wire = None
 
     def dispatch_forward_wait(self) -> None:
         self.recv_RD = self.handle.wait()
@@ -134,19 +161,23 @@ class LayerRun:
         self.probs_S_in = _leaf(self.probs) if self.local else None
         del self.recv_RD
         with torch.enable_grad():
-            xs_RD = sort_by_local_expert(self.recv_in, self.plan)
+            if self.sync_free:
+                xs_RD = sf.compact_fn(self.recv_in, self.plan)
+                sf.check_usable(None, self.block.moe.experts.path_for(xs_RD))
+            else:
+                xs_RD = sort_by_local_expert(self.recv_in, self.plan)
             ys_RD = self.block.moe.experts(xs_RD, self.plan.tokens_per_local_expert,
                                            wgrad_store=self.ctx.store, probs_S=self.probs_S_in)
-            self.y_RD = unsort_by_local_expert(ys_RD, self.plan)
+            self.y_RD = sf.uncompact_fn(ys_RD, self.plan) if self.sync_free else \
+                unsort_by_local_expert(ys_RD, self.plan)
 
     def combine_forward_start(self) -> None:
         p = self.plan
-        self.handle = all_to_all_async(self.y_RD.detach(), p.send_splits, p.recv_splits, self.ctx.group,
-                                       self.ctx.comm_stream, transport=self.ctx.transport)
+        self.handle = self._a2a(self.y_RD.detach(), p.send_splits, p.recv_splits)
 
     def combine_forward_wait(self) -> torch.Tensor:
         """combine node, second half: unpermute with the routing weights, add the residual."""
-        self.y_ND_in = _leaf(self.handle.wait())
+        self.y_ND_in = _leaf(self._from_wire(self.handle.wait()))
         self.handle = None
         self.probs_in = None if self.local else _leaf(self.probs)
         self.h_in = _leaf(self.h_BSD)
@@ -159,8 +190,7 @@ class LayerRun:
     def combine_backward_start(self, g_BSD: torch.Tensor) -> None:
         _backward([self.out_BSD], [g_BSD])
         p = self.plan
-        self.handle = all_to_all_async(self.y_ND_in.grad, p.recv_splits, p.send_splits, self.ctx.group,
-                                       self.ctx.comm_stream, transport=self.ctx.transport)
+        self.handle = self._a2a(self._to_wire(self.y_ND_in.grad), p.recv_splits, p.send_splits)
         self.g_h_BSD = self.h_in.grad
         if not self.local:
             self.g_probs = self.probs_in.grad
@@ -179,12 +209,11 @@ class LayerRun:
 
     def dispatch_backward_start(self) -> None:
         p = self.plan
-        self.handle = all_to_all_async(self.recv_in.grad, p.send_splits, p.recv_splits, self.ctx.group,
-                                       self.ctx.comm_stream, transport=self.ctx.transport)
+        self.handle = self._a2a(self.recv_in.grad, p.send_splits, p.recv_splits)
         del self.recv_in
 
     def dispatch_backward_wait(self) -> None:
-        self.g_x_ND = self.handle.wait()
+        self.g_x_ND = self._from_wire(self.handle.wait())
         self.handle = None
 
     def pre_backward(self) -> torch.Tensor:
