@@ -87,6 +87,15 @@ def _layer(rank, world, group):
         out[name] = {"y": y.detach().numpy().copy(), "gx": xx.grad.numpy().copy(),
                      **{n: p.grad.numpy().copy() for n, p in layer.named_parameters()}}
     out["x"] = x.numpy().copy()
+    from moe_overlap.ep.graphed import check_graphable
+
+    out["graph_refusals"] = []
+    for sync_free in (False, True):  # EP > 1 over gloo: refused on both paths, each naming its reason
+        try:
+            check_graphable(layer, x, sync_free=sync_free)
+            out["graph_refusals"].append(None)
+        except ValueError as e:
+            out["graph_refusals"].append(str(e))
     return out
 
 
@@ -150,6 +159,9 @@ def test_sync_free_path_is_bitwise_the_default_path_without_host_reads(world):
         assert res["guard_new"] is None, f"rank {rank}: a host read entered the sync-free path: {res['guard_new']}"
         assert res["guard_old"] and "tolist" in res["guard_old"], "the guard missed the default path's count read"
         lay = res["layer"]
+        default_why, sync_free_why = lay["graph_refusals"]
+        assert default_why and "splits come to the host" in default_why and "sync_free=True" in default_why
+        assert sync_free_why and "backend 'gloo'" in sync_free_why and "NCCL group" in sync_free_why
         for name, want in lay["default"].items():
             assert (lay["sync_free"][name] == want).all(), f"rank {rank}: layer {name} differs on the sync-free path"
     # ranks saw different data (the rank mark), so equal results are not equal inputs
