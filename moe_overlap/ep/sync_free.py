@@ -84,7 +84,7 @@ def start_counts(pplan: PermutePlan, num_experts: int, group, capacity: int | No
     """Step 1 started: ``(kept_RL, handle)``; ``handle.wait()`` gives recv_RL [source, local expert] (device)."""
     world = group_size(group)
     local = check_experts_divisible(num_experts, world)
-    counts_RL = pplan.tokens_per_expert_E.to(torch.int64).view(world, local)
+    counts_RL = pplan.tokens_per_expert_E.view(world, local)  # int64 (plan_permute)
     p = rows_per_peer(pplan.perm_N.numel(), capacity)
     excl_RL = torch.cumsum(counts_RL, 1) - counts_RL
     kept_RL = torch.minimum(counts_RL, (p - excl_RL).clamp(min=0)) if p < pplan.perm_N.numel() else counts_RL
@@ -111,46 +111,47 @@ def send_side(pplan: PermutePlan, kept_RL: torch.Tensor, capacity: int | None = 
     world, local = kept_RL.shape
     n = pplan.perm_N.numel()
     p = rows_per_peer(n, capacity)
-    device = kept_RL.device
     # this rank's rows for peer r start at off_R[r] in x_ND (rows sorted by global expert)
-    seg_R = pplan.tokens_per_expert_E.to(torch.int64).view(world, local).sum(1)
+    seg_R = pplan.tokens_per_expert_E.view(world, local).sum(1)
     ends_R = torch.cumsum(seg_R, 0)
     off_R = ends_R - seg_R
-    p_B = torch.arange(p, device=device).repeat(world)
-    r_B = torch.arange(world, device=device).repeat_interleave(p)
-    send_idx = _clamp(off_R[r_B] + p_B, n)
-    send_mask = p_B < kept_RL.sum(1)[r_B]
-    n_N = torch.arange(n, device=device)
-    r_N = torch.searchsorted(ends_R, n_N, right=True).clamp(max=world - 1)
-    q_N = n_N - off_R[r_N]
-    back_idx = r_N * p + q_N.clamp(max=max(p - 1, 0))
-    back_mask = q_N < p if p < n else None
-    return SendSide(p, send_idx, send_mask, back_idx, back_mask)
+    p_1P = torch.arange(p, device=kept_RL.device).unsqueeze(0)
+    send_idx = (off_R.unsqueeze(1) + p_1P).clamp_(0, max(n - 1, 0)).view(-1)
+    send_mask = (p_1P < kept_RL.sum(1, keepdim=True)).view(-1, 1)
+    n_N = torch.arange(n, device=kept_RL.device)
+    r_N = torch.searchsorted(ends_R, n_N, right=True)  # < R: every row belongs to a peer
+    q_N = n_N - off_R.index_select(0, r_N)
+    if p < n:  # capacity: rows past it were not sent (zero on their way back)
+        return SendSide(p, send_idx, send_mask, r_N * p + q_N.clamp(max=p - 1), (q_N < p).view(-1, 1))
+    return SendSide(p, send_idx, send_mask, r_N * p + q_N, None)
 
 
 def build_plan(pplan: PermutePlan, send: SendSide, recv_RL: torch.Tensor) -> StaticPlan:
-    """The receive half from the exchanged counts, by device ops of static shape (no host read)."""
+    """The receive half from the exchanged counts, by device ops of static shape (no host read).
+
+    Block s of the received buffer holds source s's rows by local expert j (at rexcl_RL[s, j] in it); the
+    compact order is group g = (j, s), starting at start_G[g]. Each group's rows keep their order, so a compact
+    row i of group g comes from s * P + rexcl_RL[s, j] + (i - start_G[g]), and the way back is the same offset
+    negated: a per-group base plus the row's position, never a per-row host loop.
+    """
     world, local = recv_RL.shape
     p = send.rows_per_peer
     b = world * p
     device = recv_RL.device
-    p_B = torch.arange(p, device=device).repeat(world)
-    r_B = torch.arange(world, device=device).repeat_interleave(p)
-    # receive side: block s holds source s's rows by local expert; compact order is (local expert, source)
-    recv_RL = recv_RL.to(torch.int64)
     rincl_RL = torch.cumsum(recv_RL, 1)
     rexcl_RL = rincl_RL - recv_RL
-    c_G = recv_RL.t().reshape(-1)
-    ends_G = torch.cumsum(c_G, 0)
-    start_G = ends_G - c_G
+    ends_G = torch.cumsum(recv_RL.t().reshape(-1), 0)
+    start_LR = (ends_G - recv_RL.t().reshape(-1)).view(local, world)
+    s_R = torch.arange(world, device=device)
+    src_base_G = (s_R * p + rexcl_RL.t() - start_LR).reshape(-1)  # source row = base + compact row
     i_B = torch.arange(b, device=device)
-    g_B = torch.searchsorted(ends_G, i_B, right=True).clamp(max=local * world - 1)
-    j_B, s_B = g_B // world, g_B % world
-    sort_idx = _clamp(s_B * p + rexcl_RL[s_B, j_B] + (i_B - start_G[g_B]), b)
-    j_RP = torch.searchsorted(rincl_RL, p_B.view(world, p), right=True).clamp(max=local - 1)
-    s_RP = torch.arange(world, device=device).unsqueeze(1)
-    unsort_idx = _clamp(start_G[j_RP * world + s_RP] + p_B.view(world, p) - rexcl_RL[s_RP, j_RP], b).reshape(-1)
-    unsort_mask = p_B < recv_RL.sum(1)[r_B]
+    g_B = torch.searchsorted(ends_G, i_B, right=True).clamp_(max=local * world - 1)
+    sort_idx = (src_base_G.index_select(0, g_B) + i_B).clamp_(0, max(b - 1, 0))
+    p_RP = torch.arange(p, device=device).repeat(world, 1)
+    j_RP = torch.searchsorted(rincl_RL, p_RP, right=True).clamp_(max=local - 1)
+    dst_base_RL = start_LR.t() - rexcl_RL  # compact row = base + position in the block
+    unsort_idx = (dst_base_RL.gather(1, j_RP) + p_RP).clamp_(0, max(b - 1, 0)).view(-1)
+    unsort_mask = (p_RP < rincl_RL[:, -1:]).view(-1, 1)
     return StaticPlan(pplan, p, world, send.send_idx_B, send.send_mask_B, send.back_idx_N, send.back_mask_N,
                       sort_idx, unsort_idx, unsort_mask, recv_RL.sum(0))
 
@@ -158,7 +159,7 @@ def build_plan(pplan: PermutePlan, send: SendSide, recv_RL: torch.Tensor) -> Sta
 def gather(x: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """rows x[idx], zero where ``mask`` is False (None: every row kept)."""
     out = x.index_select(0, idx)
-    return out if mask is None else torch.where(mask.unsqueeze(1), out, out.new_zeros(()))
+    return out if mask is None else torch.where(mask, out, 0.0)  # masks are kept as [rows, 1]
 
 
 # The four plain steps (each one's backward is the step that mirrors it) and their autograd forms.
