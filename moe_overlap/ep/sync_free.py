@@ -215,3 +215,19 @@ def check_usable(transport, experts_path: str | None = None) -> None:
         raise ValueError("sync_free: the experts take the per-expert loop here (torch._grouped_mm unsupported or "
                          "rows not 16-byte aligned), which reads the counts on the host; use a hidden and ffn "
                          "size whose rows are 16-byte multiples, or the default path")
+
+
+def buffer_bytes(tokens: int, topk: int, hidden: int, ffn: int, world: int, *, dtype_bytes: int = 2,
+                 capacity: int | None = None) -> dict[str, int]:
+    """Memory of one layer's padded buffers per rank and micro-batch (docs/ep-implementation.md's table).
+
+    ``rows``: B = R * P; ``wire_BD``: one [B, D] buffer (the send blocks, the received blocks, the compact
+    rows, the expert output and its blocks are each one); ``kept_forward``: what the experts keep for the
+    backward (compact input [B, D] and h [B, 2F]); ``dropless_kept``: the same on the default path when routing
+    is balanced (S = T * K rows), for comparison.
+    """
+    p = rows_per_peer(tokens * topk, capacity)
+    rows = world * p
+    return {"rows": rows, "wire_BD": rows * hidden * dtype_bytes,
+            "kept_forward": rows * (hidden + 2 * ffn) * dtype_bytes,
+            "dropless_kept": tokens * topk * (hidden + 2 * ffn) * dtype_bytes}
