@@ -79,15 +79,22 @@ def rows_per_peer(num_rows: int, capacity: int | None) -> int:
     return min(num_rows, capacity)
 
 
+def kept_counts(pplan: PermutePlan, world: int, capacity: int | None = None) -> torch.Tensor:
+    """[R, L] rows this rank sends each peer per local expert: all of them, or the first P of each peer's."""
+    counts_RL = pplan.tokens_per_expert_E.view(world, -1)  # int64 (plan_permute)
+    p = rows_per_peer(pplan.perm_N.numel(), capacity)
+    if p >= pplan.perm_N.numel():
+        return counts_RL
+    excl_RL = torch.cumsum(counts_RL, 1) - counts_RL
+    return torch.minimum(counts_RL, (p - excl_RL).clamp(min=0))
+
+
 def start_counts(pplan: PermutePlan, num_experts: int, group, capacity: int | None = None,
                  stream=None, after=None):
     """Step 1 started: ``(kept_RL, handle)``; ``handle.wait()`` gives recv_RL [source, local expert] (device)."""
     world = group_size(group)
-    local = check_experts_divisible(num_experts, world)
-    counts_RL = pplan.tokens_per_expert_E.view(world, local)  # int64 (plan_permute)
-    p = rows_per_peer(pplan.perm_N.numel(), capacity)
-    excl_RL = torch.cumsum(counts_RL, 1) - counts_RL
-    kept_RL = torch.minimum(counts_RL, (p - excl_RL).clamp(min=0)) if p < pplan.perm_N.numel() else counts_RL
+    check_experts_divisible(num_experts, world)
+    kept_RL = kept_counts(pplan, world, capacity)
     return kept_RL, all_to_all_equal_async(kept_RL, group, stream, after)
 
 
