@@ -37,6 +37,7 @@ from moe_overlap.ep.counts import (
     start_count_exchange,
 )
 from moe_overlap.ep.dispatcher import permute, sort_by_local_expert, unpermute, unsort_by_local_expert
+from moe_overlap.ep.node_graphs import node_inputs
 from moe_overlap.ep.router import attach_aux_losses, route
 from moe_overlap.ep.streams import current_stream, record_event
 from moe_overlap.ep.wgrad import WgradStore
@@ -53,7 +54,8 @@ class NodeContext:
     transport: copy-engine all-to-alls (transport.py), None for the group's own; sm_margin: SMs the
     expert GEMMs leave to the all-to-all kernels while one is in flight (sm_margin.py; 0 = off);
     sync_free: the host-sync-free path (sync_free.py: counts and splits on the device, equal-block all-to-alls
-    of ``capacity`` rows per peer, None: the worst case), at any group size.
+    of ``capacity`` rows per peer, None: the worst case), at any group size; graphs: node_graphs.ExpertGraphs
+    where the step found they apply (node_graphs.graphs_apply), else None.
     """
 
     group: dist.ProcessGroup
@@ -65,6 +67,7 @@ class NodeContext:
     sm_margin: int = 0
     sync_free: bool = False
     capacity: int | None = None
+    graphs: object = None  # node_graphs.ExpertGraphs: the experts node replayed from CUDA graphs (None: eager)
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -79,8 +82,9 @@ def _backward(outputs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
 class LayerRun:
     """One layer x one micro-batch: the four nodes' forward and backward, as start/wait pieces."""
 
-    def __init__(self, block, ctx: NodeContext, aux_loss_coeff: float) -> None:
+    def __init__(self, block, ctx: NodeContext, aux_loss_coeff: float, slot: int = 0) -> None:
         self.block, self.ctx, self.aux_coeff = block, ctx, aux_loss_coeff
+        self.slot = slot  # which of the layer's two experts-node graphs (micro-batch parity; node_graphs.py)
         self.handle: A2AHandle | None = None
         self.sync_free = ctx.sync_free
 
@@ -160,6 +164,11 @@ class LayerRun:
         self.recv_in = _leaf(self.recv_RD)
         self.probs_S_in = _leaf(self.probs) if self.local else None
         del self.recv_RD
+        if self.ctx.graphs is not None:  # one replay for the whole node (node_graphs.py)
+            with torch.enable_grad():
+                self.y_RD = self.ctx.graphs.run(self.block.moe.experts, self.slot, self.sync_free,
+                                                node_inputs(self.recv_in, self.plan, self.probs_S_in, self.sync_free))
+            return
         with torch.enable_grad():
             if self.sync_free:
                 xs_RD = sf.compact_fn(self.recv_in, self.plan)
@@ -228,11 +237,12 @@ class LayerRun:
 class MicroBatchRun:
     """One micro-batch through the model: embedding node, L LayerRuns, loss node."""
 
-    def __init__(self, model, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, ctx: NodeContext) -> None:
+    def __init__(self, model, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, ctx: NodeContext,
+                 slot: int = 0) -> None:
         self.model, self.ctx = model, ctx
         self.tokens_BS, self.labels_BS = tokens_BS, labels_BS
         cfg = model.cfg
-        self.layers = [LayerRun(blk, ctx, cfg.aux_loss_coeff) for blk in model.layers]
+        self.layers = [LayerRun(blk, ctx, cfg.aux_loss_coeff, slot) for blk in model.layers]
         self.loss: torch.Tensor | None = None  # detached value, read on the host only at the very end
 
     def embed_forward(self) -> torch.Tensor:

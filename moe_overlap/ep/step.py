@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from moe_overlap.ep.all_to_all import group_size
 from moe_overlap.ep.nodes import MicroBatchRun, NodeContext
 from moe_overlap.ep.schedule_1f1b import run_1f1b, run_sequential
 from moe_overlap.ep.sync_free import check_usable as sync_free_check_usable
@@ -144,6 +145,7 @@ def forward_backward(
     sm_margin: int = 0,
     sync_free: bool = False,
     capacity: int | None = None,
+    graphs=None,
 ) -> StepResult:
     """Forward + backward of all micro-batches; gradients complete and reduced on return.
 
@@ -154,7 +156,9 @@ def forward_backward(
     (ep/transport.py; None: the group's own); sm_margin: SMs the expert GEMMs of a 1f1b layer pair leave
     to the all-to-all kernels in flight beside them (ep/sm_margin.py; the other schedules ignore it);
     sync_free: the host-sync-free EP path (ep/sync_free.py; schedules none and 1f1b; ``capacity`` rows per peer,
-    None: the worst case, bitwise the default path).
+    None: the worst case, bitwise the default path); graphs: a node_graphs.ExpertGraphs kept across steps (its
+    captures are reused) to replay the experts nodes from CUDA graphs where ``graphs.applies`` says they apply
+    (a note says why where not), None: eager.
     Gradients are reset first (`set_to_none`): one call = one step.
     Raises StepConfigError (a ValueError; `.rule_id` == "wgrad-requires-overlap" for delayed wgrad
     without 1f1b) on bad options.
@@ -173,10 +177,16 @@ def forward_backward(
     model.zero_grad(set_to_none=True)
     notes: list[str] = []
     store = WgradStore() if delay_wgrad else None
+    if graphs is not None:
+        local = group_size(group) == 1 and not sync_free
+        ok, why = graphs.applies(model.embed.weight.device, local, sync_free, delay_wgrad)
+        graphs = graphs if ok else None
+        notes.append(f"graphs: {why}")
     ctx = NodeContext(group=group, comm_stream=streams, store=store, grad_scale=1.0 / len(batches),
                       counts_group=counts_group, transport=transport, sm_margin=sm_margin,
-                      sync_free=sync_free, capacity=capacity)
-    runs = [MicroBatchRun(model, t, y, ctx) for t, y in batches]
+                      sync_free=sync_free, capacity=capacity, graphs=graphs)
+    # slot: micro-batch parity, the experts-node graph each uses (node_graphs.py: at most two in flight)
+    runs = [MicroBatchRun(model, t, y, ctx, slot=k % 2) for k, (t, y) in enumerate(batches)]
     if schedule == "1f1b":
         notes += run_1f1b(runs, store)
     else:

@@ -99,11 +99,34 @@ def _layer(rank, world, group):
     return out
 
 
+def _graphed_wiring(cfg, group, rank):
+    """forward_backward(graphs=...) with a stand-in for make_graphed_callables that returns the node module
+    itself (no CUDA here): the wiring (inputs, slots, backward through the node module) keeps the bits."""
+    from moe_overlap.ep.model import MoETransformer
+    from moe_overlap.ep.node_graphs import ExpertGraphs
+    from moe_overlap.ep.step import forward_backward
+
+    class AnyDevice(ExpertGraphs):
+        def applies(self, device, local, sync_free, delayed_wgrad):
+            return super().applies(torch.device("cuda"), local, sync_free, delayed_wgrad)
+
+    out = {}
+    for s, d in MODES:
+        graphs = AnyDevice(maker=lambda node, samples: node)
+        model = MoETransformer(cfg, group)
+        res = forward_backward(model, _batches(rank, 0, cfg, MICRO_BATCHES), schedule=s, delay_wgrad=d,
+                               group=group, sync_free=True, graphs=graphs)
+        out[f"{s}+{d}"] = {"losses": res.losses, "notes": res.notes, "captured": graphs.captured,
+                           "grads": {n: p.grad.numpy().copy() for n, p in model.named_parameters()}}
+    return out
+
+
 def _body(rank, world, group, cfg_kwargs):
     from moe_overlap.ep.model import ModelConfig
 
     cfg = ModelConfig(**cfg_kwargs)
     out = {f"{s}+{d}+{sf}": _train(cfg, group, rank, s, d, sf) for s, d in MODES for sf in (False, True)}
+    out["graphed"] = _graphed_wiring(cfg, group, rank)
     out["guard_new"] = _guard_outcome(cfg, group, rank, True)
     out["guard_old"] = _guard_outcome(cfg, group, rank, False)
     out["layer"] = _layer(rank, world, group)
@@ -158,6 +181,14 @@ def test_sync_free_path_is_bitwise_the_default_path_without_host_reads(world):
         _assert_bitwise(res["none+False+False"], res["1f1b+True+True"], f"rank {rank} 1f1b+wgrad sync-free vs none")
         assert res["guard_new"] is None, f"rank {rank}: a host read entered the sync-free path: {res['guard_new']}"
         assert res["guard_old"] and "tolist" in res["guard_old"], "the guard missed the default path's count read"
+        for s, d in MODES:
+            got, ref = res["graphed"][f"{s}+{d}"], res[f"{s}+{d}+True"]
+            assert got["losses"] == ref["losses"][0], f"rank {rank} {s} {d}: graph wiring changed the losses"
+            for name, g in ref["grads"].items():
+                assert (got["grads"][name] == g).all(), f"rank {rank} {s} {d}: graph wiring changed {name}"
+            # two slots per layer (micro-batch parity); none with delayed wgrad, which stays eager
+            assert got["captured"] == (0 if d else 2 * CFG["num_layers"]), (s, d, got["captured"])
+            assert any(("delayed wgrad" if d else "experts node graphed") in n for n in got["notes"]), got["notes"]
         lay = res["layer"]
         default_why, sync_free_why = lay["graph_refusals"]
         assert default_why and "splits come to the host" in default_why and "sync_free=True" in default_why
