@@ -29,6 +29,8 @@ import torch
 from torch import nn
 
 from . import sync_free as sf
+from .experts import _ExpertsFn, expert_path
+from .wgrad import accumulate_grad
 
 
 def graphs_apply(device: torch.device, local: bool, sync_free: bool, delayed_wgrad: bool) -> tuple[bool, str]:
@@ -43,21 +45,27 @@ def graphs_apply(device: torch.device, local: bool, sync_free: bool, delayed_wgr
 
 
 class _ExpertsNode(nn.Module):
-    """The experts node as a module of tensors only (what ``make_graphed_callables`` takes)."""
+    """The experts node as a function of tensors only (what ``make_graphed_callables`` takes).
 
-    def __init__(self, experts: nn.Module, sync_free: bool) -> None:
+    The expert weights are inputs, not parameters of this module: a graph's parameter gradients come back as its
+    static buffers, and autograd would keep the first as ``.grad`` itself (stolen, not copied), which the next
+    replay overwrites; as inputs, their gradients land on per-call leaves and nodes.py accumulates a copy. Given
+    the parameters' own storage as samples, every replay reads the live weights without copying them.
+    """
+
+    def __init__(self, sync_free: bool) -> None:
         super().__init__()
-        self.experts, self.sync_free = experts, sync_free
+        self.sync_free = sync_free
 
-    def forward(self, recv, *rest):
+    def forward(self, recv, w1, w2, *rest):
         if self.sync_free:  # rest: counts, sort_idx, unsort_idx, unsort_mask
             counts, sort_idx, unsort_idx, unsort_mask = rest
             plan = SimpleNamespace(sort_idx_B=sort_idx, unsort_idx_B=unsort_idx, unsort_mask_B=unsort_mask)
             xs = sf.compact_fn(recv, plan)
-            sf.check_usable(None, self.experts.path_for(xs))
-            return sf.uncompact_fn(self.experts(xs, counts), plan)
+            sf.check_usable(None, expert_path(xs, w1, w2))
+            return sf.uncompact_fn(_ExpertsFn.apply(xs, w1, w2, None, counts, None), plan)
         probs_S, counts = rest  # EP 1: the rows are already in expert order, the weights go to the experts
-        return self.experts(recv, counts, probs_S=probs_S)
+        return _ExpertsFn.apply(recv, w1, w2, probs_S, counts, None)
 
 
 class ExpertGraphs:
@@ -73,13 +81,15 @@ class ExpertGraphs:
         return graphs_apply(device, local, sync_free, delayed_wgrad)
 
     def run(self, experts: nn.Module, slot: int, sync_free: bool, inputs: tuple[torch.Tensor, ...]):
+        """``inputs`` from :func:`node_inputs`; returns the node's output (the graph's static buffer)."""
         key = (id(experts), slot, sync_free) + tuple((t.shape, t.dtype, t.requires_grad) for t in inputs)
         fn = self._graphed.get(key)
         if fn is None:
-            node = _ExpertsNode(experts, sync_free)
+            node = _ExpertsNode(sync_free)
             if inputs[0].is_cuda:  # the capture must not see work of other streams still running
                 torch.cuda.synchronize(inputs[0].device)
-            samples = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
+            samples = tuple(t if i in (1, 2) else t.detach().clone().requires_grad_(t.requires_grad)
+                            for i, t in enumerate(inputs))  # 1, 2: the weights' own storage (no copy per replay)
             fn = self.maker(node, samples, num_warmup_iters=self.warmup_iters) if self.maker is \
                 torch.cuda.make_graphed_callables else self.maker(node, samples)
             self._graphed[key] = fn
@@ -87,8 +97,20 @@ class ExpertGraphs:
         return fn(*inputs)
 
 
-def node_inputs(recv_in: torch.Tensor, plan, probs_S_in: torch.Tensor | None, sync_free: bool) -> tuple:
+def weight_leaves(experts: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-call leaves on the expert weights' storage; their .grad goes to the parameters by :func:`accumulate`."""
+    return experts.w1.detach().requires_grad_(), experts.w2.detach().requires_grad_()
+
+
+def accumulate(experts: nn.Module, leaves: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """The leaves' gradients into the parameters' .grad, copied where .grad is unset (never a graph's buffer)."""
+    for param, leaf in zip((experts.w1, experts.w2), leaves, strict=True):
+        accumulate_grad(param, leaf.grad.clone() if param.grad is None else leaf.grad)
+
+
+def node_inputs(recv_in: torch.Tensor, plan, probs_S_in: torch.Tensor | None, sync_free: bool, weights) -> tuple:
     """The experts node's tensors, in _ExpertsNode's order."""
     if sync_free:
-        return recv_in, plan.tokens_per_local_expert, plan.sort_idx_B, plan.unsort_idx_B, plan.unsort_mask_B
-    return recv_in, probs_S_in, plan.tokens_per_local_expert
+        return (recv_in, *weights, plan.tokens_per_local_expert, plan.sort_idx_B, plan.unsort_idx_B,
+                plan.unsort_mask_B)
+    return recv_in, *weights, probs_S_in, plan.tokens_per_local_expert

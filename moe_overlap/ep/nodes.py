@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from moe_overlap.ep import node_graphs
 from moe_overlap.ep import sync_free as sf
 from moe_overlap.ep.all_to_all import A2AHandle, all_to_all_async, all_to_all_equal_async, group_size
 from moe_overlap.ep.counts import (
@@ -37,7 +38,6 @@ from moe_overlap.ep.counts import (
     start_count_exchange,
 )
 from moe_overlap.ep.dispatcher import permute, sort_by_local_expert, unpermute, unsort_by_local_expert
-from moe_overlap.ep.node_graphs import node_inputs
 from moe_overlap.ep.router import attach_aux_losses, route
 from moe_overlap.ep.streams import current_stream, record_event
 from moe_overlap.ep.wgrad import WgradStore
@@ -164,10 +164,13 @@ class LayerRun:
         self.recv_in = _leaf(self.recv_RD)
         self.probs_S_in = _leaf(self.probs) if self.local else None
         del self.recv_RD
+        self.w_in = None
         if self.ctx.graphs is not None:  # one replay for the whole node (node_graphs.py)
+            experts = self.block.moe.experts
+            self.w_in = node_graphs.weight_leaves(experts)
             with torch.enable_grad():
-                self.y_RD = self.ctx.graphs.run(self.block.moe.experts, self.slot, self.sync_free,
-                                                node_inputs(self.recv_in, self.plan, self.probs_S_in, self.sync_free))
+                self.y_RD = self.ctx.graphs.run(experts, self.slot, self.sync_free, node_graphs.node_inputs(
+                    self.recv_in, self.plan, self.probs_S_in, self.sync_free, self.w_in))
             return
         with torch.enable_grad():
             if self.sync_free:
@@ -212,6 +215,9 @@ class LayerRun:
     def experts_backward(self) -> None:
         """experts dgrad; with a WgradStore the weight gradients are deferred into it."""
         _backward([self.y_RD], [self.g_y_RD])
+        if self.w_in is not None:  # graphed: the weights' gradients came to per-call leaves
+            node_graphs.accumulate(self.block.moe.experts, self.w_in)
+            self.w_in = None
         if self.local:
             self.g_probs = self.probs_S_in.grad
         del self.y_RD, self.g_y_RD, self.probs_S_in
