@@ -102,7 +102,8 @@ def _pair_ops(prof, iters: int) -> dict[str, float]:
     return out
 
 
-def _rank_counts(rank: int, world: int, group, shape: str, iters: int, timed_runs: int = 10) -> dict:
+def _rank_counts(rank: int, world: int, group, shape: str, iters: int, timed_runs: int = 10,
+                 graphs: bool = False) -> dict:
     """One rank: the layer and the 1F1B pair, default path then sync-free path."""
     import statistics
     import time
@@ -147,17 +148,24 @@ def _rank_counts(rank: int, world: int, group, shape: str, iters: int, timed_run
         return statistics.median(ts)
 
     out = {}
-    for path, sync_free in (("default", False), ("sync_free", True)):
-        def layer_step(sf=sync_free):
-            out_, aux = layer(x, sync_free=sf)
+    paths = [("default", False, None), ("sync_free", True, None)]
+    if graphs:  # the layer from graph_layer; the pair's experts nodes from node_graphs (without delayed wgrad)
+        from moe_overlap.ep.graphed import graph_layer
+        from moe_overlap.ep.node_graphs import ExpertGraphs
+
+        paths.append(("sync_free+graphs", True, (graph_layer(layer, x, sync_free=True), ExpertGraphs())))
+    for path, sync_free, graphed in paths:
+        def layer_step(sf=sync_free, graphed=graphed):
+            out_, aux = layer(x, sync_free=sf) if graphed is None else graphed[0](x)
             torch.autograd.backward([out_, aux], [g, torch.ones_like(aux)])
 
-        def pair(sf=sync_free, mark=False):
-            store = WgradStore()
-            ctx = NodeContext(group=group, comm_stream=None, store=store, grad_scale=0.5, sync_free=sf)
+        def pair(sf=sync_free, mark=False, graphed=graphed):
+            store = WgradStore() if graphed is None else None
+            ctx = NodeContext(group=group, comm_stream=None, store=store, grad_scale=0.5, sync_free=sf,
+                              graphs=None if graphed is None else graphed[1])
             gen = torch.Generator().manual_seed(rank)
             runs = [MicroBatchRun(model, torch.randint(0, 64, batch, generator=gen).to(device),
-                                  torch.randint(0, 64, batch, generator=gen).to(device), ctx) for _ in range(2)]
+                                  torch.randint(0, 64, batch, generator=gen).to(device), ctx, slot=k) for k in range(2)]
             y0 = layer_forward(runs[0].layers[0], runs[0].embed_forward())
             x1 = runs[1].embed_forward()
             with record_function("layer_pair") if mark else _null():
@@ -186,12 +194,12 @@ class _null:
         return False
 
 
-def count_ep(shape: str, device: str, world: int, iters: int = 4, timed_runs: int = 10) -> dict:
+def count_ep(shape: str, device: str, world: int, iters: int = 4, timed_runs: int = 10, graphs: bool = False) -> dict:
     """Spawn ``world`` ranks; rank 0's counts for both paths (layer and 1F1B pair)."""
     from moe_overlap.verify.ranks import spawn_ranks
 
     backend = "nccl" if device == "cuda" else "gloo"
-    results = spawn_ranks(_rank_counts, world, (shape, iters, timed_runs), backend=backend, pass_group=True, timeout=900,
+    results = spawn_ranks(_rank_counts, world, (shape, iters, timed_runs, graphs), backend=backend, pass_group=True, timeout=900,
                           start_method="fork" if backend == "gloo" else "spawn")
     return results[0]
 
@@ -222,6 +230,8 @@ def main() -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--ranks", type=int, default=1, help="EP ranks (> 1: spawned; default vs sync-free path)")
+    ap.add_argument("--graphs", action="store_true", help="with --ranks > 1 on CUDA: also the sync-free path graphed "
+                    "(the layer by graph_layer; the 1F1B pair's experts nodes by node_graphs, without delayed wgrad)")
     ap.add_argument("--diff", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     a = ap.parse_args()
     if a.diff:
@@ -239,10 +249,13 @@ def main() -> int:
         print("no CUDA device: run this on the GPU machine, or pass --device cpu", file=sys.stderr)
         return 2
     if a.ranks > 1:
-        doc = _ep_document(a, count_ep(a.shape, a.device, a.ranks))
+        if a.graphs and a.device != "cuda":
+            print("--graphs needs --device cuda (CUDA graphs)", file=sys.stderr)
+            return 2
+        doc = _ep_document(a, count_ep(a.shape, a.device, a.ranks, graphs=a.graphs))
         if a.out:
             a.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        for path in ("default", "sync_free"):
+        for path in [k for k in doc if not k.startswith("#")]:
             d = doc[path]
             print(f"{a.shape} on {a.device}, EP {a.ranks}, {path}: {d['layer_total']:.1f} host ops per layer forward + "
                   f"backward ({d['layer_step_ms_median']:.3f} ms), {d['pair_total']:.1f} per 1F1B layer pair "
