@@ -88,6 +88,16 @@ def _layer(rank, world, group):
                      **{n: p.grad.numpy().copy() for n, p in layer.named_parameters()}}
     out["x"] = x.numpy().copy()
     from moe_overlap.ep.graphed import check_graphable
+    from tests.distributed._host_sync import HostSyncError, no_host_reads
+
+    try:  # the layer's own sync-free path, forward and backward, under the guard
+        xx = x.clone().requires_grad_(True)
+        with no_host_reads():
+            y, aux = layer(xx, sync_free=True, capacity=3)
+            torch.autograd.backward([y, aux], [torch.ones_like(y), torch.ones_like(aux)])
+        out["layer_guard"] = None
+    except HostSyncError as e:
+        out["layer_guard"] = str(e)
 
     out["graph_refusals"] = []
     for sync_free in (False, True):  # EP > 1 over gloo: refused on both paths, each naming its reason
@@ -121,12 +131,29 @@ def _graphed_wiring(cfg, group, rank):
     return out
 
 
+def _capacity_steps(cfg, group, rank):
+    """1f1b + delayed wgrad through the nodes with a capacity of 2 rows per peer (drops) and of 10**6 (none)."""
+    from moe_overlap.ep.model import MoETransformer
+    from moe_overlap.ep.step import forward_backward
+
+    out = {}
+    for cap in (2, 10**6):
+        model = MoETransformer(cfg, group)
+        res = forward_backward(model, _batches(rank, 0, cfg, MICRO_BATCHES), schedule="1f1b", delay_wgrad=True,
+                               group=group, sync_free=True, capacity=cap)
+        ref = forward_backward(MoETransformer(cfg, group), _batches(rank, 0, cfg, MICRO_BATCHES), schedule="none",
+                               delay_wgrad=False, group=group, sync_free=True, capacity=cap)
+        out[cap] = (res.losses, ref.losses)
+    return out
+
+
 def _body(rank, world, group, cfg_kwargs):
     from moe_overlap.ep.model import ModelConfig
 
     cfg = ModelConfig(**cfg_kwargs)
     out = {f"{s}+{d}+{sf}": _train(cfg, group, rank, s, d, sf) for s, d in MODES for sf in (False, True)}
     out["graphed"] = _graphed_wiring(cfg, group, rank)
+    out["capacity_1f1b"] = _capacity_steps(cfg, group, rank)
     out["guard_new"] = _guard_outcome(cfg, group, rank, True)
     out["guard_old"] = _guard_outcome(cfg, group, rank, False)
     out["layer"] = _layer(rank, world, group)
@@ -189,7 +216,12 @@ def test_sync_free_path_is_bitwise_the_default_path_without_host_reads(world):
             # two slots per layer (micro-batch parity); none with delayed wgrad, which stays eager
             assert got["captured"] == (0 if d else 2 * CFG["num_layers"]), (s, d, got["captured"])
             assert any(("delayed wgrad" if d else "experts node graphed") in n for n in got["notes"]), got["notes"]
+        dropped, dropless = res["capacity_1f1b"][2], res["capacity_1f1b"][10**6]
+        assert dropped[0] == dropped[1], f"rank {rank}: with capacity, 1f1b+wgrad is not bitwise its none"
+        assert dropless[0] == res["1f1b+True+False"]["losses"][0], "a capacity above T*K must drop nothing"
+        assert dropped[0] != dropless[0], "capacity 2 dropped nothing: the check would be vacuous"
         lay = res["layer"]
+        assert lay["layer_guard"] is None, f"rank {rank}: a host read in MoELayer(sync_free=True): {lay['layer_guard']}"
         default_why, sync_free_why = lay["graph_refusals"]
         assert default_why and "splits come to the host" in default_why and "sync_free=True" in default_why
         assert sync_free_why and "backend 'gloo'" in sync_free_why and "NCCL group" in sync_free_why
