@@ -98,10 +98,6 @@ def start_counts(pplan: PermutePlan, num_experts: int, group, capacity: int | No
     return kept_RL, all_to_all_equal_async(kept_RL, group, stream, after)
 
 
-def _clamp(idx: torch.Tensor, n: int) -> torch.Tensor:
-    return idx.clamp(0, max(n - 1, 0))
-
-
 @dataclass(frozen=True)
 class SendSide:
     """The send half of a plan: known from this rank's own counts, before the exchange completes."""
