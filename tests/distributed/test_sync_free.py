@@ -252,3 +252,32 @@ def test_sync_free_refuses_what_needs_host_splits():
     assert rows_per_peer(8, None) == 8 and rows_per_peer(8, 3) == 3 and rows_per_peer(8, 99) == 8
     with pytest.raises(ValueError, match="schedule='none'"):
         MoELayer(16, 8, 4, 2)(torch.randn(4, 16), schedule="chunked", sync_free=True)
+
+
+def _world1(rank, world, group):
+    """The EP > 1 code path forced at one rank (what the one-GPU benchmark measures): its collectives run on
+    the one-rank group, no host read inside, and it computes the default EP 1 layer's function."""
+    from moe_overlap.ep.layer import MoELayer
+    from tests.distributed._host_sync import no_host_reads
+
+    layer = MoELayer(16, 16, 8, 2, group, seed=5)
+    x = torch.randn(12, 16, generator=torch.Generator().manual_seed(7))
+    outs = []
+    for sync_free in (False, True):
+        xx = x.clone().requires_grad_(True)
+        layer.zero_grad(set_to_none=True)
+        if sync_free:
+            with no_host_reads():
+                y, aux = layer(xx, sync_free=True)
+                torch.autograd.backward([y, aux], [torch.ones_like(y), torch.ones_like(aux)])
+        else:
+            y, aux = layer(xx)
+            torch.autograd.backward([y, aux], [torch.ones_like(y), torch.ones_like(aux)])
+        outs.append([y.detach(), xx.grad] + [p.grad.clone() for p in layer.parameters()])
+    return [(a - b).abs().max().item() / max(b.abs().max().item(), 1e-12) for a, b in zip(*outs, strict=True)]
+
+
+def test_forced_sync_free_path_at_world_1_computes_the_ep1_layer():
+    (rel,) = run_ranks(_world1, world=1, timeout=120)
+    # EP 1 applies the routing weights in the experts' ffn space, the EP > 1 path in the combine: equal to rounding
+    assert max(rel) < 1e-5, rel
