@@ -76,6 +76,7 @@ class ExpertGraphs:
         self.warmup_iters = warmup_iters
         self._graphed: dict = {}
         self.captured = 0
+        self.error: str | None = None  # a capture that failed: that node runs eagerly from then on (and says so)
 
     def applies(self, device: torch.device, local: bool, sync_free: bool, delayed_wgrad: bool) -> tuple[bool, str]:
         return graphs_apply(device, local, sync_free, delayed_wgrad)
@@ -90,10 +91,13 @@ class ExpertGraphs:
                 torch.cuda.synchronize(inputs[0].device)
             samples = tuple(t if i in (1, 2) else t.detach().clone().requires_grad_(t.requires_grad)
                             for i, t in enumerate(inputs))  # 1, 2: the weights' own storage (no copy per replay)
-            fn = self.maker(node, samples, num_warmup_iters=self.warmup_iters) if self.maker is \
-                torch.cuda.make_graphed_callables else self.maker(node, samples)
+            try:
+                fn = self.maker(node, samples, num_warmup_iters=self.warmup_iters) if self.maker is \
+                    torch.cuda.make_graphed_callables else self.maker(node, samples)
+                self.captured += 1
+            except (RuntimeError, AssertionError) as e:  # the same node, eagerly: same results, no graph
+                self.error, fn = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", node
             self._graphed[key] = fn
-            self.captured += 1
         return fn(*inputs)
 
 

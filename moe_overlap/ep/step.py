@@ -191,6 +191,8 @@ def forward_backward(
         notes += run_1f1b(runs, store)
     else:
         run_sequential(runs)
+    if graphs is not None and graphs.error:
+        notes.append(f"graphs: a capture failed, that experts node ran eagerly ({graphs.error})")
     loss_ts = [r.loss for r in runs]
     reduce_gradients(model, group)
     issued_at = time.perf_counter()

@@ -32,3 +32,24 @@ def test_worker_defaults_to_graphs_on_cuda_only_and_says_where():
     assert graphs_setting(argparse.Namespace(graphs="off", sync_free=False), CUDA) == (False, "off (asked)")
     on, note = graphs_setting(argparse.Namespace(graphs="auto", sync_free=True), CUDA)
     assert on and "the sync-free EP path" in note
+
+
+def test_a_failed_capture_runs_the_node_eagerly_and_says_so():
+    from moe_overlap.ep.experts import GroupedExperts
+    from moe_overlap.ep.node_graphs import ExpertGraphs, accumulate, node_inputs, weight_leaves
+
+    def broken(node, samples):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    experts = GroupedExperts(2, 16, 16)
+    graphs = ExpertGraphs(maker=broken)
+    recv = torch.randn(6, 16, requires_grad=True)
+    probs = torch.rand(6, requires_grad=True)
+    plan = argparse.Namespace(tokens_per_local_expert=torch.tensor([2, 4]))
+    leaves = weight_leaves(experts)
+    y = graphs.run(experts, 0, False, node_inputs(recv, plan, probs, False, leaves))
+    y.sum().backward()
+    accumulate(experts, leaves)
+    want = experts(recv.detach(), torch.tensor([2, 4]), probs_S=probs.detach())
+    assert torch.equal(y, want) and experts.w1.grad is not None and graphs.captured == 0
+    assert graphs.error == "RuntimeError: operation not permitted when stream is capturing"
