@@ -81,6 +81,19 @@ def _version(dist_name: str) -> str | None:
         return None
 
 
+def _print_graph(key: str, gr: dict, raw: float) -> None:
+    """One line for a graph section (raw: the bare grouped GEMMs' time, what is beyond them is the rest)."""
+    if "graph" not in gr:
+        if gr:
+            print(f"  {key} error", gr.get("error"))
+        return
+    eager, graph = gr["eager"], gr["graph"]
+    print(f"  {key}: eager {eager['fwd_bwd_median_ms']:.3f} ms (beyond GEMMs {eager['fwd_bwd_median_ms'] - raw:.3f}, "
+          f"gpu busy {eager['profile']['gpu_busy_frac']}) graphed {graph['fwd_bwd_median_ms']:.3f} ms (beyond "
+          f"{graph['fwd_bwd_median_ms'] - raw:.3f}, gpu busy {graph['profile']['gpu_busy_frac']})  "
+          f"bitwise {gr['bitwise_vs_eager']}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_layer.json")
@@ -90,6 +103,9 @@ def main() -> int:
     ap.add_argument("--step-batch", type=int, default=None, help="micro-batch size of the step (preset: 4)")
     ap.add_argument("--step-rounds", type=int, default=40)
     ap.add_argument("--syncs-only", action="store_true", help="only list the layer's host syncs (with stacks)")
+    ap.add_argument("--graph-sync-free", action="store_true",
+                    help="graph section: also the EP > 1 sync-free path (ep/sync_free.py) forced at world 1, "
+                         "eager vs graphed (result key graph_sync_free)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: run this on the GPU machine", file=sys.stderr)
@@ -128,6 +144,9 @@ def main() -> int:
         for name in a.shapes:
             guarded(res["shapes"][name], "graph", bench_graph, SHAPES[name], dist.group.WORLD)
             torch.cuda.empty_cache()
+            if a.graph_sync_free:
+                guarded(res["shapes"][name], "graph_sync_free", bench_graph, SHAPES[name], dist.group.WORLD, True)
+                torch.cuda.empty_cache()
     for name in a.shapes:
         shape = SHAPES[name]
         r = res["shapes"][name]
@@ -169,15 +188,8 @@ def print_table(res: dict) -> None:
                       f"  peak+ {row['peak_extra_bytes'] / 2**20:.0f} MiB  syncs {len(row['host_syncs_fwd_bwd'])}")
             elif sched == "error":
                 print("  layer error", row)
-        gr = r.get("graph", {})
-        if "graph" in gr:
-            raw = e.get("raw_grouped_mm", {}).get("median_ms", 0.0)
-            print(f"  graph: eager {gr['eager']['fwd_bwd_median_ms']:.3f} ms (beyond GEMMs "
-                  f"{gr['eager']['fwd_bwd_median_ms'] - raw:.3f}, gpu busy {gr['eager']['profile']['gpu_busy_frac']}) "
-                  f"graphed {gr['graph']['fwd_bwd_median_ms']:.3f} ms (beyond {gr['graph']['fwd_bwd_median_ms'] - raw:.3f}, "
-                  f"gpu busy {gr['graph']['profile']['gpu_busy_frac']})  bitwise {gr['bitwise_vs_eager']}")
-        elif gr:
-            print("  graph error", gr.get("error"))
+        for key in ("graph", "graph_sync_free"):
+            _print_graph(key, r.get(key, {}), e.get("raw_grouped_mm", {}).get("median_ms", 0.0))
         m = r.get("megatron", {})
         print(f"  megatron: {m.get('fwd', {}).get('median_ms')} / {m.get('fwd_bwd', {}).get('median_ms')} ms "
               f"{m.get('error', '')}")

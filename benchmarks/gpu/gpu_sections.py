@@ -244,10 +244,12 @@ def bench_layer(shape: dict, group) -> dict:
     return res
 
 
-def bench_graph(shape: dict, group) -> dict:
+def bench_graph(shape: dict, group, sync_free: bool = False) -> dict:
     """Schedule none eager vs forward and backward replayed from CUDA graphs (moe_overlap/ep/graphed.py): the
     same kernels without the host issuing them one by one. A fresh layer, captured before any profiler runs
-    in this section (the profiles come last); the two timed alternately, three times each; bitwise check."""
+    in this section (the profiles come last); the two timed alternately, three times each; bitwise check.
+    ``sync_free``: the layer's EP > 1 code path (ep/sync_free.py: device counts, equal-block NCCL all-to-alls,
+    compaction by device index math) forced at the group's size, world 1 included, eager and graphed."""
     from moe_overlap.ep.graphed import graph_layer
     from moe_overlap.ep.layer import MoELayer
 
@@ -266,10 +268,11 @@ def bench_graph(shape: dict, group) -> dict:
     def grads(out):
         return [out.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
 
-    ref = grads(run(layer))
-    graphed = graph_layer(layer, x)
+    eager = (lambda v: layer(v, sync_free=True)) if sync_free else layer
+    ref = grads(run(eager))
+    graphed = graph_layer(layer, x, sync_free=sync_free)
     same = all(torch.equal(a, b) for a, b in zip(grads(run(graphed)), ref, strict=True))
-    eager_fb, graph_fb = (lambda: run(layer)), (lambda: run(graphed))
+    eager_fb, graph_fb = (lambda: run(eager)), (lambda: run(graphed))
     times = {"eager": [], "graph": []}
     for _ in range(3):
         times["eager"].append(cuda_time(eager_fb))
@@ -277,6 +280,8 @@ def bench_graph(shape: dict, group) -> dict:
     res = {name: {"fwd_bwd_median_ms": statistics.median(t["median_ms"] for t in ts), "runs": ts}
            for name, ts in times.items()}
     res["bitwise_vs_eager"] = same
+    res["sync_free"] = sync_free
+    res["eager"]["host_syncs_fwd_bwd"] = host_syncs(eager_fb)
     res["graph"]["host_syncs_fwd_bwd"] = host_syncs(graph_fb)
     for name, fn in (("eager", eager_fb), ("graph", graph_fb)):
         prof = profile_iter(fn)

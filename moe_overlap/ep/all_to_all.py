@@ -123,3 +123,49 @@ class _AllToAll(torch.autograd.Function):
 def all_to_all(x: torch.Tensor, out_splits, in_splits, group, transport=None) -> torch.Tensor:
     """Synchronous all-to-all with autograd (backward = the reverse all-to-all)."""
     return _AllToAll.apply(x, list(out_splits), list(in_splits), group, transport)
+
+
+# ---------------------------------------------------------------- static sizes (the sync-free path, sync_free.py)
+def all_to_all_equal_async(x: torch.Tensor, group, stream: torch.cuda.Stream | None = None,
+                           after: torch.cuda.Event | None = None) -> A2AHandle:
+    """``all_to_all_single`` of R equal blocks (x's rows split R ways, no split lists): sizes known from the shape
+    alone, so no count reaches the host and NCCL can run it inside a CUDA graph. Unlike the variable-split
+    call it runs at world 1 too where a process group exists (the forced EP > 1 path at one rank keeps its
+    collective); without one it is the identity. ``stream``/``after`` as in :func:`all_to_all_async`."""
+    x = x.detach().contiguous()
+    if group is None and not dist.is_initialized():
+        return A2AHandle(out=x, _done=True)
+    world = group_size(group)
+    if x.shape[0] % world:
+        raise ValueError(f"all_to_all_equal: {x.shape[0]} rows do not split into {world} equal blocks")
+    if stream is None or not x.is_cuda:
+        out = torch.empty_like(x)
+        work = dist.all_to_all_single(out, x, group=group, async_op=True)
+        return A2AHandle(out=out, work=work)
+    if after is not None:
+        stream.wait_event(after)
+    else:
+        stream.wait_stream(current_stream(x.device))
+    with torch.cuda.stream(stream):
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x, group=group)
+        event = record_event(stream)
+    record_stream(x, stream)
+    return A2AHandle(out=out, event=event)
+
+
+class _AllToAllEqual(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = all_to_all_equal_async(x, group).wait()
+        return out.clone() if out.data_ptr() == x.data_ptr() and out.numel() else out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # equal blocks: the reverse all-to-all is the same call
+        return all_to_all_equal_async(grad_out, ctx.group).wait(), None
+
+
+def all_to_all_equal(x: torch.Tensor, group) -> torch.Tensor:
+    """Synchronous equal-block all-to-all with autograd."""
+    return _AllToAllEqual.apply(x, group)

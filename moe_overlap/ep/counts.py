@@ -15,6 +15,8 @@ costs anything:
   an NCCL all-to-all of the counts on the data group would queue behind the data all-to-all in flight
   on that communicator (one NCCL stream per group) and need SMs that a running GEMM holds.
   Without one (``counts_group=None``) the counts travel over the data group, on the device, as before.
+* ``sync_free.py`` is the alternative without any host sync at EP > 1: the counts stay on the device and the
+  all-to-alls move equal, worst-case (or capacity-bounded) peer blocks, so no split is needed on the host.
 * EP 1 exchanges nothing. On CUDA its plan keeps the counts on the device (``tokens_per_local_expert``
   is an int64 tensor; the grouped GEMMs take device offsets), so an EP 1 layer has no host sync at all.
 """

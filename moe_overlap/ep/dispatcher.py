@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import torch
 
 from . import fused, fused_index
-from .all_to_all import all_to_all, group_size
+from . import sync_free as sf
+from .all_to_all import all_to_all, all_to_all_equal, group_size
 from .counts import DispatchPlan, PermutePlan, plan_for
 from .router import Routing
 
@@ -209,7 +210,7 @@ def unsort_by_local_expert(y_SD: torch.Tensor, plan: DispatchPlan) -> torch.Tens
 
 
 def dispatch(x_TD: torch.Tensor, routing: Routing, *, num_experts: int, group, counts_group=None,
-             transport=None):
+             transport=None, sync_free: bool = False, capacity: int | None = None):
     """Synchronous, autograd-aware dispatch.
 
     Returns ``(recv_x_SD, tokens_per_local_expert, handle)``: rows grouped by local expert, their counts
@@ -217,8 +218,18 @@ def dispatch(x_TD: torch.Tensor, routing: Routing, *, num_experts: int, group, c
     frozen :class:`DispatchHandle` that :func:`combine` consumes; pass ``handle.probs_S`` to the experts
     (None at EP > 1, where the combine applies the weights). ``counts_group``: a host (gloo) group
     for the count exchange (counts.py), None to use ``group``; ``transport``: transport.py copy engines
-    instead of the group's all-to-all (None).
+    instead of the group's all-to-all (None). ``sync_free``: the host-sync-free path of sync_free.py (counts
+    and splits on the device, equal-block all-to-alls of P = ``capacity`` or tokens * topk rows per peer; the
+    counts returned are a device tensor), at any group size, the default path's results bit for bit.
     """
+    if sync_free:
+        sf.check_usable(transport)
+        x_ND, pplan = permute(x_TD, routing, num_experts)
+        kept_RL, counts = sf.start_counts(pplan, num_experts, group, capacity)
+        plan = sf.build_plan(pplan, sf.send_side(pplan, kept_RL, capacity), counts.wait())
+        recv_BD = all_to_all_equal(sf.pad_send_fn(x_ND, plan), group)
+        recv_BD = sf.compact_fn(recv_BD, plan)
+        return recv_BD, plan.tokens_per_local_expert, DispatchHandle(plan, routing.probs_TK, group)
     if group_size(group) == 1:
         # One rank: the all-to-all is the identity (skipped; its autograd wrapper would copy [N, D]), and
         # the rows are the experts' rows in order: their weights go to the experts (module docstring).
@@ -236,6 +247,9 @@ def combine(y_SD: torch.Tensor, handle: DispatchHandle) -> torch.Tensor:
     """Inverse of :func:`dispatch`, weighting each expert output by its routing probability (unless the
     experts did: ``handle.probs_S``): [T, D]."""
     plan = handle.plan
+    if isinstance(plan, sf.StaticPlan):
+        y_BD = all_to_all_equal(sf.uncompact_fn(y_SD, plan), handle.group)
+        return unpermute(sf.unpad_send_fn(y_BD, plan), handle.probs_TK, plan.permute)
     y_ND = unsort_by_local_expert(y_SD, plan)
     if not _sort_is_identity(plan):
         y_ND = all_to_all(y_ND, plan.send_splits, plan.recv_splits, handle.group, handle.transport)

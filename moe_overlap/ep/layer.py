@@ -27,6 +27,9 @@ is initialised, else a single process). ``schedule`` picks how communication and
 gradients are deferred into it (``store.run_all()`` accumulates them into ``.grad`` later).
 ``counts_group``: a host (gloo) group over the same ranks for the token-count exchange (ep/counts.py);
 ``transport``: copy-engine all-to-alls (ep/transport.py) instead of the group's own.
+``sync_free=True`` (schedule ``none``): the host-sync-free path of ep/sync_free.py (counts and splits stay on the
+device, static-size all-to-alls; what ep/graphed.py captures at EP > 1), with ``capacity`` rows per peer (None:
+the worst case tokens * topk, dropless and bitwise the default path).
 Router and dense gradients are local to this rank's tokens: all-reduce them over the data-parallel
 ranks as usual. Expert gradients already include every rank's tokens.
 """
@@ -127,16 +130,21 @@ class MoELayer(nn.Module):
             raise ValueError(f"group size={size} != EP size {self.ep_size} this layer was built for")
 
     def forward(self, x: torch.Tensor, *, group=None, schedule: str = "none", chunks: int = 1,
-                comm_stream=None, wgrad_store: WgradStore | None = None, counts_group=None, transport=None):
+                comm_stream=None, wgrad_store: WgradStore | None = None, counts_group=None, transport=None,
+                sync_free: bool = False, capacity: int | None = None):
         """x [..., D] -> (out [..., D] same dtype, aux_loss fp32 scalar). See the module docstring."""
         group = self.group if group is None else group
         self._check(x, group, schedule, chunks)
+        if sync_free and schedule != "none":
+            raise ValueError(f"sync_free=True runs with schedule='none' (got {schedule!r}); the chunked schedule "
+                             "keeps the host splits (the 1f1b nodes take sync_free through step.forward_backward)")
         x_TD = x.reshape(-1, self.hidden)
         routing = route(x_TD, self.router.weight, topk=self.topk, score=self.score, z_loss=self.z_loss_coeff != 0,
                         normalize=self.normalize, force_balance=self.force_balance)
         if schedule == "none":
             out_TD = run_none(x_TD, routing, self.experts, num_experts=self.num_experts, group=group,
-                              wgrad_store=wgrad_store, counts_group=counts_group, transport=transport)
+                              wgrad_store=wgrad_store, counts_group=counts_group, transport=transport,
+                              sync_free=sync_free, capacity=capacity)
         else:
             out_TD = run_chunked(x_TD, routing, self.experts, num_experts=self.num_experts, group=group,
                                  chunks=chunks, comm_stream=comm_stream, wgrad_store=wgrad_store,

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from moe_overlap.ep.all_to_all import A2AHandle, all_to_all_async, group_size
+from moe_overlap.ep import node_graphs
+from moe_overlap.ep import sync_free as sf
+from moe_overlap.ep.all_to_all import A2AHandle, all_to_all_async, all_to_all_equal_async, group_size
 from moe_overlap.ep.counts import (
     CountsHandle,
     DispatchPlan,
@@ -50,7 +52,10 @@ class NodeContext:
     grad_scale: d(objective)/d(micro-batch loss), 1/M for M micro-batches; counts_group: a host (gloo)
     group over the same ranks for the token-count exchange (counts.py), None to use ``group``;
     transport: copy-engine all-to-alls (transport.py), None for the group's own; sm_margin: SMs the
-    expert GEMMs leave to the all-to-all kernels while one is in flight (sm_margin.py; 0 = off).
+    expert GEMMs leave to the all-to-all kernels while one is in flight (sm_margin.py; 0 = off);
+    sync_free: the host-sync-free path (sync_free.py: counts and splits on the device, equal-block all-to-alls
+    of ``capacity`` rows per peer, None: the worst case), at any group size; graphs: node_graphs.ExpertGraphs
+    where the step found they apply (node_graphs.graphs_apply), else None.
     """
 
     group: dist.ProcessGroup
@@ -60,6 +65,9 @@ class NodeContext:
     counts_group: dist.ProcessGroup | None = None
     transport: object = None  # transport.py copy engines for the all-to-alls (None: the group's own)
     sm_margin: int = 0
+    sync_free: bool = False
+    capacity: int | None = None
+    graphs: object = None  # node_graphs.ExpertGraphs: the experts node replayed from CUDA graphs (None: eager)
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -74,15 +82,31 @@ def _backward(outputs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
 class LayerRun:
     """One layer x one micro-batch: the four nodes' forward and backward, as start/wait pieces."""
 
-    def __init__(self, block, ctx: NodeContext, aux_loss_coeff: float) -> None:
+    def __init__(self, block, ctx: NodeContext, aux_loss_coeff: float, slot: int = 0) -> None:
         self.block, self.ctx, self.aux_coeff = block, ctx, aux_loss_coeff
+        self.slot = slot  # which of the layer's two experts-node graphs (micro-batch parity; node_graphs.py)
         self.handle: A2AHandle | None = None
+        self.sync_free = ctx.sync_free
+
+    def _a2a(self, x: torch.Tensor, out_splits, in_splits, after=None) -> A2AHandle:
+        """Start an all-to-all: the plan's variable splits, or (sync-free) equal blocks."""
+        c = self.ctx
+        if self.sync_free:
+            return all_to_all_equal_async(x, c.group, c.comm_stream, after=after)
+        return all_to_all_async(x, out_splits, in_splits, c.group, c.comm_stream, after=after, transport=c.transport)
+
+    def _from_wire(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows back in this rank's dispatch order (sync-free: out of the peer blocks)."""
+        return sf.unpad_send(x, self.plan) if self.sync_free else x
+
+    def _to_wire(self, x: torch.Tensor) -> torch.Tensor:
+        return sf.pad_send(x, self.plan) if self.sync_free else x
 
     # ------------------------------------------------------------------ forward
     def pre_forward(self, x_BSD: torch.Tensor) -> None:
         """pre-dispatch node: attention + norm + router + permute, then the counts exchange."""
         blk, moe = self.block, self.block.moe
-        self.local = group_size(self.ctx.group) == 1
+        self.local = group_size(self.ctx.group) == 1 and not self.sync_free
         self.x_in = _leaf(x_BSD)
         with torch.enable_grad():
             self.h_BSD = blk.attention(self.x_in, self.ctx.store)
@@ -102,7 +126,12 @@ class LayerRun:
         # plan_wait() blocks for them once the schedule has queued other compute (counts.py).
         self.pplan = pplan
         self.counts: CountsHandle | None = None
-        if not self.local:
+        if self.sync_free:  # counts on the device; the send blocks filled now, before the dispatch's event
+            kept_RL, self.counts = sf.start_counts(pplan, moe.num_experts, self.ctx.group, self.ctx.capacity,
+                                                   self.ctx.comm_stream)
+            self.send = sf.send_side(pplan, kept_RL, self.ctx.capacity)
+            self.x_wire = sf.pad_send(self.x_ND.detach(), self.send)
+        elif not self.local:
             self.counts = start_count_exchange(pplan.tokens_per_expert_E.unsqueeze(0), moe.num_experts,
                                                self.ctx.group, counts_group=self.ctx.counts_group)
         # The dispatch waits for this event only, so it may be issued after unrelated compute.
@@ -110,7 +139,10 @@ class LayerRun:
 
     def plan_wait(self) -> None:
         """Wait for the counts (EP > 1: the layer's one host sync) and build the dispatch plan."""
-        if self.counts is None:
+        if self.sync_free:  # no host wait: the compute stream waits for the counts' all-to-all
+            self.plan = sf.build_plan(self.pplan, self.send, self.counts.wait())
+            del self.send
+        elif self.counts is None:
             self.plan: DispatchPlan = local_plan(self.pplan)
         else:
             (send_E,), (recv_RL,) = self.counts.wait()
@@ -119,10 +151,9 @@ class LayerRun:
 
     def dispatch_forward_start(self) -> None:
         p = self.plan
-        self.handle = all_to_all_async(self.x_ND.detach(), p.recv_splits, p.send_splits, self.ctx.group,
-                                       self.ctx.comm_stream, after=self.x_ready,
-                                       transport=self.ctx.transport)
-        self.x_ready = None
+        x = self.x_wire if self.sync_free else self.x_ND.detach()
+        self.handle = self._a2a(x, p.recv_splits, p.send_splits, after=self.x_ready)
+        self.x_ready = self.x_wire = None
 
     def dispatch_forward_wait(self) -> None:
         self.recv_RD = self.handle.wait()
@@ -133,20 +164,32 @@ class LayerRun:
         self.recv_in = _leaf(self.recv_RD)
         self.probs_S_in = _leaf(self.probs) if self.local else None
         del self.recv_RD
+        self.w_in = None
+        if self.ctx.graphs is not None:  # one replay for the whole node (node_graphs.py)
+            experts = self.block.moe.experts
+            self.w_in = node_graphs.weight_leaves(experts)
+            with torch.enable_grad():
+                self.y_RD = self.ctx.graphs.run(experts, self.slot, self.sync_free, node_graphs.node_inputs(
+                    self.recv_in, self.plan, self.probs_S_in, self.sync_free, self.w_in))
+            return
         with torch.enable_grad():
-            xs_RD = sort_by_local_expert(self.recv_in, self.plan)
+            if self.sync_free:
+                xs_RD = sf.compact_fn(self.recv_in, self.plan)
+                sf.check_usable(None, self.block.moe.experts.path_for(xs_RD))
+            else:
+                xs_RD = sort_by_local_expert(self.recv_in, self.plan)
             ys_RD = self.block.moe.experts(xs_RD, self.plan.tokens_per_local_expert,
                                            wgrad_store=self.ctx.store, probs_S=self.probs_S_in)
-            self.y_RD = unsort_by_local_expert(ys_RD, self.plan)
+            self.y_RD = sf.uncompact_fn(ys_RD, self.plan) if self.sync_free else \
+                unsort_by_local_expert(ys_RD, self.plan)
 
     def combine_forward_start(self) -> None:
         p = self.plan
-        self.handle = all_to_all_async(self.y_RD.detach(), p.send_splits, p.recv_splits, self.ctx.group,
-                                       self.ctx.comm_stream, transport=self.ctx.transport)
+        self.handle = self._a2a(self.y_RD.detach(), p.send_splits, p.recv_splits)
 
     def combine_forward_wait(self) -> torch.Tensor:
         """combine node, second half: unpermute with the routing weights, add the residual."""
-        self.y_ND_in = _leaf(self.handle.wait())
+        self.y_ND_in = _leaf(self._from_wire(self.handle.wait()))
         self.handle = None
         self.probs_in = None if self.local else _leaf(self.probs)
         self.h_in = _leaf(self.h_BSD)
@@ -159,8 +202,7 @@ class LayerRun:
     def combine_backward_start(self, g_BSD: torch.Tensor) -> None:
         _backward([self.out_BSD], [g_BSD])
         p = self.plan
-        self.handle = all_to_all_async(self.y_ND_in.grad, p.recv_splits, p.send_splits, self.ctx.group,
-                                       self.ctx.comm_stream, transport=self.ctx.transport)
+        self.handle = self._a2a(self._to_wire(self.y_ND_in.grad), p.recv_splits, p.send_splits)
         self.g_h_BSD = self.h_in.grad
         if not self.local:
             self.g_probs = self.probs_in.grad
@@ -173,18 +215,20 @@ class LayerRun:
     def experts_backward(self) -> None:
         """experts dgrad; with a WgradStore the weight gradients are deferred into it."""
         _backward([self.y_RD], [self.g_y_RD])
+        if self.w_in is not None:  # graphed: the weights' gradients came to per-call leaves
+            node_graphs.accumulate(self.block.moe.experts, self.w_in)
+            self.w_in = None
         if self.local:
             self.g_probs = self.probs_S_in.grad
         del self.y_RD, self.g_y_RD, self.probs_S_in
 
     def dispatch_backward_start(self) -> None:
         p = self.plan
-        self.handle = all_to_all_async(self.recv_in.grad, p.send_splits, p.recv_splits, self.ctx.group,
-                                       self.ctx.comm_stream, transport=self.ctx.transport)
+        self.handle = self._a2a(self.recv_in.grad, p.send_splits, p.recv_splits)
         del self.recv_in
 
     def dispatch_backward_wait(self) -> None:
-        self.g_x_ND = self.handle.wait()
+        self.g_x_ND = self._from_wire(self.handle.wait())
         self.handle = None
 
     def pre_backward(self) -> torch.Tensor:
@@ -199,11 +243,12 @@ class LayerRun:
 class MicroBatchRun:
     """One micro-batch through the model: embedding node, L LayerRuns, loss node."""
 
-    def __init__(self, model, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, ctx: NodeContext) -> None:
+    def __init__(self, model, tokens_BS: torch.Tensor, labels_BS: torch.Tensor, ctx: NodeContext,
+                 slot: int = 0) -> None:
         self.model, self.ctx = model, ctx
         self.tokens_BS, self.labels_BS = tokens_BS, labels_BS
         cfg = model.cfg
-        self.layers = [LayerRun(blk, ctx, cfg.aux_loss_coeff) for blk in model.layers]
+        self.layers = [LayerRun(blk, ctx, cfg.aux_loss_coeff, slot) for blk in model.layers]
         self.loss: torch.Tensor | None = None  # detached value, read on the host only at the very end
 
     def embed_forward(self) -> torch.Tensor:

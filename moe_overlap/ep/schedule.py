@@ -56,15 +56,20 @@ from .dispatcher import (
 )
 from .experts import GroupedExperts, experts_dgrad, experts_forward, experts_wgrad
 from .router import Routing
+from .sync_free import check_usable
 from .wgrad import WgradStore, accumulate_grad
 
 SCHEDULES = ("none", "chunked")
 
 
 def run_none(x_TD, routing: Routing, experts: GroupedExperts, *, num_experts: int, group,
-             wgrad_store: WgradStore | None = None, counts_group=None, transport=None) -> torch.Tensor:
+             wgrad_store: WgradStore | None = None, counts_group=None, transport=None,
+             sync_free: bool = False, capacity: int | None = None) -> torch.Tensor:
     recv_SD, per_expert, handle = dispatch(x_TD, routing, num_experts=num_experts, group=group,
-                                           counts_group=counts_group, transport=transport)
+                                           counts_group=counts_group, transport=transport,
+                                           sync_free=sync_free, capacity=capacity)
+    if sync_free:  # the loop path would read the counts on the host
+        check_usable(None, experts.path_for(recv_SD))
     y_SD = experts(recv_SD, per_expert, wgrad_store, probs_S=handle.probs_S)
     return combine(y_SD, handle)
 

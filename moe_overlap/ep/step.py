@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from moe_overlap.ep.all_to_all import group_size
 from moe_overlap.ep.nodes import MicroBatchRun, NodeContext
 from moe_overlap.ep.schedule_1f1b import run_1f1b, run_sequential
+from moe_overlap.ep.sync_free import check_usable as sync_free_check_usable
 from moe_overlap.ep.wgrad import WgradStore
 
 SCHEDULES = ("none", "chunked", "1f1b")
@@ -141,6 +143,9 @@ def forward_backward(
     counts_group=None,
     transport=None,
     sm_margin: int = 0,
+    sync_free: bool = False,
+    capacity: int | None = None,
+    graphs=None,
 ) -> StepResult:
     """Forward + backward of all micro-batches; gradients complete and reduced on return.
 
@@ -149,7 +154,11 @@ def forward_backward(
     all-to-alls on gloo's thread); counts_group: a host (gloo) group over the same ranks for the
     token-count exchange (ep/counts.py; None: over `group`); transport: copy-engine all-to-alls
     (ep/transport.py; None: the group's own); sm_margin: SMs the expert GEMMs of a 1f1b layer pair leave
-    to the all-to-all kernels in flight beside them (ep/sm_margin.py; the other schedules ignore it).
+    to the all-to-all kernels in flight beside them (ep/sm_margin.py; the other schedules ignore it);
+    sync_free: the host-sync-free EP path (ep/sync_free.py; schedules none and 1f1b; ``capacity`` rows per peer,
+    None: the worst case, bitwise the default path); graphs: a node_graphs.ExpertGraphs kept across steps (its
+    captures are reused) to replay the experts nodes from CUDA graphs where ``graphs.applies`` says they apply
+    (a note says why where not), None: eager.
     Gradients are reset first (`set_to_none`): one call = one step.
     Raises StepConfigError (a ValueError; `.rule_id` == "wgrad-requires-overlap" for delayed wgrad
     without 1f1b) on bad options.
@@ -158,19 +167,32 @@ def forward_backward(
     check_step_options(schedule, delay_wgrad, chunks, len(batches))
     # One host sync per step for the id range check; cheap next to the per-layer count exchanges.
     check_batches(batches, model.cfg.vocab_size, model.embed.weight.device)
+    if sync_free:
+        if schedule == "chunked":
+            raise StepConfigError("sync_free: the chunked schedule keeps the host splits; use none or 1f1b")
+        sync_free_check_usable(transport)
     if schedule == "chunked":
         return autograd_forward_backward(model, batches, layer_schedule="chunked", chunks=chunks, group=group,
                                          streams=streams, counts_group=counts_group, transport=transport)
     model.zero_grad(set_to_none=True)
     notes: list[str] = []
     store = WgradStore() if delay_wgrad else None
+    if graphs is not None:
+        local = group_size(group) == 1 and not sync_free
+        ok, why = graphs.applies(model.embed.weight.device, local, sync_free, delay_wgrad)
+        graphs = graphs if ok else None
+        notes.append(f"graphs: {why}")
     ctx = NodeContext(group=group, comm_stream=streams, store=store, grad_scale=1.0 / len(batches),
-                      counts_group=counts_group, transport=transport, sm_margin=sm_margin)
-    runs = [MicroBatchRun(model, t, y, ctx) for t, y in batches]
+                      counts_group=counts_group, transport=transport, sm_margin=sm_margin,
+                      sync_free=sync_free, capacity=capacity, graphs=graphs)
+    # slot: micro-batch parity, the experts-node graph each uses (node_graphs.py: at most two in flight)
+    runs = [MicroBatchRun(model, t, y, ctx, slot=k % 2) for k, (t, y) in enumerate(batches)]
     if schedule == "1f1b":
         notes += run_1f1b(runs, store)
     else:
         run_sequential(runs)
+    if graphs is not None and graphs.error:
+        notes.append(f"graphs: a capture failed, that experts node ran eagerly ({graphs.error})")
     loss_ts = [r.loss for r in runs]
     reduce_gradients(model, group)
     issued_at = time.perf_counter()

@@ -167,7 +167,7 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
                                    nproc=plan.nproc, python=sys.version.split()[0], torch=torch_version,
                                    platform=platform.platform(), hostname=socket.gethostname(),
                                    fabric=plan.fabric, a2a_transport=init.get("transport"),
-                                   sm_margin=init.get("sm_margin")))
+                                   sm_margin=init.get("sm_margin"), graphs=init.get("graphs")))
     return write_outputs(report, plan.out)
 
 

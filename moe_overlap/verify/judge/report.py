@@ -134,7 +134,8 @@ def render_markdown(report: VerificationReport) -> str:
              f"- command: `{report.command}`" if report.command else "",
              f"- fabric {report.environment.fabric}; all-to-all: {report.environment.a2a_transport or 'not recorded'}"
              + (f"; SM margin of the 1f1b expert GEMMs: {report.environment.sm_margin}"
-                if report.environment.sm_margin else ""),
+                if report.environment.sm_margin else "")
+             + (f"; CUDA graphs: {report.environment.graphs}" if report.environment.graphs else ""),
              "",
              "## Success criteria", "", "| criterion | status | judged | evidence |", "|---|---|---|---|"]
     for c in report.criteria:

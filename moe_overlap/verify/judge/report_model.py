@@ -102,6 +102,8 @@ class RunEnvironment(_Model):
                                                         "(ep/transport.py)")
     sm_margin: str | None = Field(None, description="SMs the 1f1b expert GEMMs left to the all-to-all kernels, "
                                                     "and why (ep/sm_margin.py)")
+    graphs: str | None = Field(None, description="whether the experts nodes were replayed from CUDA graphs, and "
+                                                 "where (ep/node_graphs.py)")
 
 
 class VerificationReport(_Model):

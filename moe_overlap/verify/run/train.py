@@ -118,7 +118,7 @@ class ModeRunner:
 
     def __init__(self, cfg: VerifyConfig, spec: ModeSpec, group: Any, device: torch.device, emit, log,
                  fault: str | None = None, *, counts_group: Any = None, transport: Any = None,
-                 sm_margin: int = 0) -> None:
+                 sm_margin: int = 0, graphs: bool = False, sync_free: bool = False) -> None:
         from moe_overlap.ep.model import ModelConfig, MoETransformer
         from moe_overlap.ep.streams import make_comm_stream
 
@@ -126,6 +126,11 @@ class ModeRunner:
         # Every mode uses the same host count group and all-to-all transport: only the schedule differs.
         self.counts_group, self.transport = counts_group, transport
         self.sm_margin = sm_margin  # ep/sm_margin.py: used by the 1f1b modes' expert GEMMs only
+        self.sync_free = sync_free  # ep/sync_free.py: the host-sync-free EP path
+        # ep/node_graphs.py: this mode's captured experts nodes, reused across its steps (None: eager)
+        from moe_overlap.ep.node_graphs import ExpertGraphs
+
+        self.graphs = ExpertGraphs() if graphs and spec.schedule != "chunked" else None
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         for line in effective_config_lines(cfg, spec, self.world, device.type):
             log(line)
@@ -168,7 +173,7 @@ class ModeRunner:
         result = forward_backward(self.model, batches, schedule=spec.schedule, delay_wgrad=spec.delay_wgrad,
                                   chunks=cfg.chunks, group=self.group, streams=self.comm_stream,
                                   counts_group=self.counts_group, transport=self.transport,
-                                  sm_margin=self.sm_margin)
+                                  sm_margin=self.sm_margin, sync_free=self.sync_free, graphs=self.graphs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t_opt = time.perf_counter()

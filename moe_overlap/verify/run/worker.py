@@ -54,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="all-to-all transport (ep/transport.py); default: the process group's own")
     ap.add_argument("--sm-margin", default="auto", help="SMs the 1f1b expert GEMMs leave to the all-to-all "
                     "kernels (ep/sm_margin.py): auto or an int")
+    ap.add_argument("--graphs", choices=["auto", "off"], default="auto",
+                    help="replay the experts nodes from CUDA graphs where they apply (ep/node_graphs.py): auto = on "
+                         "CUDA (EP 1, or EP > 1 with --sync-free; not with delayed wgrad), off on CPU")
+    ap.add_argument("--sync-free", action="store_true",
+                    help="the host-sync-free EP path (ep/sync_free.py: device counts, equal-block NCCL all-to-alls)")
     ap.add_argument("--no-explain", action="store_true", help="skip timing the step's pieces alone after training")
     ap.add_argument("--step-budget-s", type=float, default=None,
                     help="stop extending once the modes' step times add up to this (the launcher's timeout share)")
@@ -114,11 +119,26 @@ def _comm_setup(cfg, args, group, device, world: int):
     return counts_group, transport, note, margin, why
 
 
+def graphs_setting(args, device) -> tuple[bool, str]:
+    """(graphs on, the report's line): where they apply each mode says in its notes (ep/node_graphs.py)."""
+    if args.graphs == "off":
+        return False, "off (asked)"
+    if device.type != "cuda":
+        return False, "off (CPU ranks: CUDA graphs need a CUDA device)"
+    return True, ("on: the experts nodes replayed from CUDA graphs where they apply (EP 1"
+                  + (", the sync-free EP path" if args.sync_free else "; at EP > 1 only with --sync-free")
+                  + "; not with delayed wgrad)")
+
+
 def _transport_setup(cfg, args, group, device, world: int):
     import torch
     import torch.distributed as dist
 
     counts_group = dist.new_group(backend="gloo") if world > 1 else None
+    if args.sync_free:  # device counts, equal-block all-to-alls of the process group (host splits nowhere)
+        if args.a2a == "ce":
+            raise SystemExit("worker: --sync-free takes the process group's all-to-all; drop --a2a ce")
+        return None, None, ("nccl" if device.type == "cuda" else "gloo") + " (sync-free: equal-block all-to-alls)"
     kind = args.a2a
     if kind is None:
         # Default on CUDA: copy engines when every rank is on this host with peer access (on NVLink an
@@ -185,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
                                 **({"device_id": device} if backend == "nccl" else {}))
         group = dist.group.WORLD
         counts_group, transport, transport_note, margin, margin_note = _comm_setup(cfg, args, group, device, world)
+        graphs_on, graphs_note = graphs_setting(args, device)
         rec.emit("init", backend=backend, device=str(device), torch=torch.__version__, fabric=args.fabric,
                  a2a=args.a2a, transport=transport_note, counts_group="gloo" if counts_group is not None else None,
-                 sm_margin=margin_note)
+                 sm_margin=margin_note, graphs=graphs_note, sync_free=args.sync_free)
         logs = {}
         for spec in specs:
             path = mode_log_path(out, spec.name, rank)
@@ -206,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                 mode = spec.name
                 runners.append(ModeRunner(cfg, spec, group, device, rec.emit, logger(spec.name),
                                           fault=args.inject_fault, counts_group=counts_group,
-                                          transport=transport, sm_margin=margin))
+                                          transport=transport, sm_margin=margin, graphs=graphs_on,
+                                          sync_free=args.sync_free))
             # Round-robin over the modes, one step each (see ModeRunner: fair throughput comparison); past
             # cfg.steps only while the throughput judgement is not settled (every rank decides alike).
             max_steps = max(cfg.steps, args.max_steps or cfg.steps)
