@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from moe_overlap.skill.config.model import effective_values, parse_config
 from moe_overlap.skill.generate.model import (
     RECOMMENDED_ENV,
     Adjustment,
@@ -22,7 +23,6 @@ from moe_overlap.skill.generate.model import (
 )
 from moe_overlap.skill.generate.render import RenderError, render
 from moe_overlap.skill.generate.resolve import GenerateError, Resolved, resolve
-from moe_overlap.skill.config.model import effective_values, parse_config
 from moe_overlap.skill.generate.stages import PURPOSE, stage_checks, stage_config
 from moe_overlap.skill.rules.base import Ctx
 from moe_overlap.skill.rules.notes import ResultNote, notes_for
