@@ -162,3 +162,13 @@ def test_core_0_19_2_accepts_every_stage_of_both_requests():
     rejected = [(s.stage, s.config["model"].get("num_layers"), r) for s, r in zip(stages, report["results"],
                                                                                   strict=True) if not r[0]]
     assert not rejected, rejected
+
+
+def test_shapes_agree_with_what_the_recipes_set():
+    """Where a recipe sets a shape field itself (MTP), it is the shape's."""
+    from moe_overlap.skill.models.shapes import MODELS
+
+    for recipe in RECIPES:
+        got = _read(recipe.file, recipe.function)
+        if "model.mtp_num_layers" in got:
+            assert MODELS[recipe.model].mtp_num_layers == got["model.mtp_num_layers"], recipe.function
