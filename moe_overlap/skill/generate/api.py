@@ -102,6 +102,9 @@ def generate_config(request: GenerateRequest | dict[str, Any]) -> GenerateResult
     request; an unsatisfiable one comes back with ok=false and a `refusal`."""
     req = request if isinstance(request, GenerateRequest) else GenerateRequest.model_validate(request)
     res = resolve(req)
+    if req.to == "moe-overlap":  # the one format with no place for it
+        res.notes.append("the moe-overlap format carries no environment: export CUDA_DEVICE_MAX_CONNECTIONS=32 "
+                         "before `moe-overlap verify --device cuda` (cuda-device-max-connections)")
     adjustments = [Adjustment(**vars(a)) for a in res.adjustments]
     if res.refusals:
         return GenerateResult(ok=False, format=req.to, stages=[], adjustments=adjustments, notes=res.notes,
