@@ -145,14 +145,17 @@ def _core_cases(stages) -> list[dict]:
     return cases
 
 
-def test_core_0_19_2_accepts_every_stage_of_both_requests():
+def test_core_0_19_2_accepts_every_stage_of_both_requests_and_the_other_models():
     if not releases.is_unpacked(CORE):
         if os.environ.get(releases.REQUIRED_ENV):
             pytest.fail(f"megatron-core {CORE} is not unpacked: run `make oracle-releases`")
         pytest.skip(f"megatron-core {CORE} not unpacked (`make oracle-releases`)")
-    stages = [s for request_, _, _ in CASES for gpu in (None, "H100")
+    requests = [r for r, _, _ in CASES] + [dict(model="qwen3-235b-a22b", gpus=256, pp=8),  # 94 layers: a layout
+                                           dict(model="qwen3-next-80b-a3b", gpus=128)]
+    stages = [s for request_ in requests for gpu in (None, "H100")
               for s in _generated(request_, plan=True, gpu=gpu, megatron_core_version=CORE)]
-    assert len(stages) == 16
+    assert len(stages) == 4 * 2 * 4
+    assert "pipeline_model_parallel_layout" in stages[-9].config["model"]  # the 235B plan's last stage
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": releases.python_path(CORE)}
     proc = subprocess.run([sys.executable, str(DRIVER)], input=json.dumps(_core_cases(stages)), capture_output=True,
                           text=True, env=env, timeout=600, cwd=str(DRIVER.parent))
