@@ -194,6 +194,7 @@ REFUSED = [
     (dict(ep=4, experts=64, recompute="full"), "no-full-recompute", {"recompute": "selective"}),
     (dict(ep=4, experts=64, torch_version="2.5.1"), "torch-min-2-6", {"torch_version": "2.6.0"}),
     (dict(ep=4, experts=1), "num-experts-gt-1", {"experts": 4}),
+    (dict(model="deepseek-v3", gpus=256, pp=64), "pp-requires-vpp", {"pp": 16}),  # a PP that 256 GPUs allow
     (dict(ep=1, experts=1, plan=True), "num-experts-gt-1", {"experts": 2, "ep": 2}),
 ]
 

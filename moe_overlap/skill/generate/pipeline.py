@@ -68,7 +68,8 @@ def choose(req, layers: int, mtp: int, recipe: Recipe | None) -> tuple[dict[str,
                 f"EP overlap with pp > 1 needs the interleaved schedule; {layers} layers split evenly over no "
                 f"{pp} x VPP stages, so VPP {vpp} with pipeline_model_parallel_layout {layout}")))
             return {"vpp": vpp, "layout": layout}, adjustments, refusals
-    smaller = [p for p in range(pp - 1, 0, -1) if p == 1 or uneven_layout(layers, p, 2, mtp) or vpp_choices(layers, p)]
+    smaller = [p for p in range(pp - 1, 0, -1) if (p == 1 or uneven_layout(layers, p, 2, mtp) or vpp_choices(layers, p))
+               and (req.gpus is None or req.gpus % p == 0)]  # a PP the GPU count allows
     refusals.append(("pp-requires-vpp", (
         f"pp={pp} with {layers} layers leaves no room for a virtual pipeline (VPP >= 2 needs at least "
         f"pp x 2 - 1 = {2 * pp - 1} layers), and EP overlap with pp > 1 needs one"), {"pp": smaller[0], "vpp": None}))
