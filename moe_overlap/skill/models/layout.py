@@ -31,23 +31,21 @@ def uneven_layout(num_layers: int, pp: int, vpp: int, mtp_layers: int = 0) -> st
 
 
 def _compress(parts: list[str]) -> str:
-    """`Et|tt|tt|...|mL` with runs of equal middle stages written as `(tt|)*n`, Bridge's notation."""
-    out: list[str] = []
-    i = 0
+    """`Et|tt|tt|...|mL` with runs of 3 or more equal middle stages written as `(tt|)*n`, Bridge's notation."""
+    text, need_sep, i = "", False, 0
     while i < len(parts):
         j = i
         while j + 1 < len(parts) and parts[j + 1] == parts[i]:
             j += 1
         run = j - i + 1
-        out.append(f"({parts[i]}|)*{run}" if run > 2 and i not in (0, len(parts) - 1) else "|".join(parts[i:j + 1]))
+        if run > 2 and i > 0 and j < len(parts) - 1:
+            text += ("|" if need_sep else "") + f"({parts[i]}|)*{run}"
+            need_sep = False  # the repeat ends with its own separator
+        else:
+            for part in parts[i:j + 1]:
+                text += ("|" if need_sep else "") + part
+                need_sep = True
         i = j + 1
-    text = ""
-    for piece in out:
-        if text and not text.endswith("*") and not text[-1].isdigit():
-            text += "|"
-        elif text and (text.endswith(")") or text[-1].isdigit()):
-            pass  # "(tt|)*30" already ends with its separator
-        text += piece
     return text
 
 
