@@ -12,30 +12,34 @@ import sys
 from moe_overlap.commands._common import EXIT_OK, EXIT_USAGE, CommandError, add_format_argument, emit
 
 _FIELDS = ("ep", "experts", "topk", "dispatcher", "flex_backend", "gpu", "precision", "tp", "pp", "vpp",
-           "num_layers", "micro_batches", "recompute", "preset", "gpus", "stage", "to", "torch_version",
+           "num_layers", "micro_batches", "recompute", "model", "gpus", "stage", "to", "torch_version",
            "te_version", "megatron_core_version")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from moe_overlap.skill.generate.presets import PRESETS
     from moe_overlap.skill.generate.render import FORMATS
     from moe_overlap.skill.generate.resolve import STAGES
+    from moe_overlap.skill.models.shapes import MODELS
 
     g = p.add_argument_group("model and layout")
     g.add_argument("--ep", type=int, help="expert-parallel size (expert_model_parallel_size)")
     g.add_argument("--experts", type=int, help="number of experts (num_moe_experts)")
     g.add_argument("--topk", type=int, help="experts per token (moe_router_topk)")
-    g.add_argument("--preset", help="model preset instead of --experts/--topk: " + ", ".join(PRESETS))
-    g.add_argument("--gpus", type=int, help="total GPUs (with --preset and no --ep: EP = gcd(experts, DP))")
+    names = ", ".join(n for n, m in MODELS.items() if not m.layer_only)
+    g.add_argument("--model", "--preset", dest="model", help="model preset (shape, and the Megatron-Bridge "
+                   "recipe's layout at this scale) instead of --experts/--topk: " + names)
+    g.add_argument("--gpus", type=int, help="total GPUs (with --model and no --ep: the recipe's EP, else "
+                   "gcd(experts, GPUs / PP))")
     g.add_argument("--tp", type=int, help="tensor-parallel size (default 1)")
     g.add_argument("--pp", type=int, help="pipeline-parallel size (default 1)")
     g.add_argument("--vpp", type=int, help="virtual pipeline size (chosen for you when --pp > 1)")
-    g.add_argument("--num-layers", type=int, help="layers (needed with --pp > 1 unless --preset)")
+    g.add_argument("--num-layers", type=int, help="layers (needed with --pp > 1 unless --model)")
     g.add_argument("--micro-batches", type=int, help="micro-batches per data-parallel rank (overlap needs >= 2)")
     g.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="default bf16 (fp32 becomes bf16)")
     g.add_argument("--recompute", choices=["none", "selective", "full"], help="activation recomputation wish")
     d = p.add_argument_group("dispatcher and environment")
-    d.add_argument("--dispatcher", choices=["alltoall", "flex"], help="token dispatcher (default alltoall)")
+    d.add_argument("--dispatcher", choices=["alltoall", "flex"],
+                   help="token dispatcher (default: the Bridge recipe's for --model and --gpu, else alltoall)")
     d.add_argument("--flex-backend", choices=["deepep", "hybridep"], help="flex backend (default: by GPU)")
     d.add_argument("--gpu", help="GPU name or compute capability, e.g. H100, GB200, 9.0")
     d.add_argument("--torch-version", help="torch version of the target cluster (checked: >= 2.6.0)")
@@ -73,6 +77,7 @@ def plan_text(result) -> str:
     for i, s in enumerate(result.stages, 1):
         lines += ["", f"# ===== stage {i}/{len(result.stages)}: {s.stage} =====", f"# {s.purpose}"]
         lines += [f"# note: {n}" for n in s.notes]
+        lines += [f"# next: {n.text} [{n.source}]" for n in s.next]
         warn = ", ".join(s.validation.warnings) or "none"
         lines.append(f"# validation ({s.validation.rule_set}): {'valid' if s.validation.valid else 'INVALID'}; "
                      f"warnings: {warn}")
@@ -118,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     extra = [f"adjusted {a.field}: {a.requested} -> {a.used} ({a.rule or 'request'}): {a.reason}"
              for a in result.adjustments] + result.notes + stage.notes
     extra += [f"validation warning: {m}" for m in stage.validation.messages]
+    extra += [f"next: {n.text} [{n.source}]" for n in stage.next]
     for line in extra:
         print(f"# {line}", file=sys.stderr)
     return EXIT_OK

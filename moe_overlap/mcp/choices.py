@@ -15,7 +15,7 @@ from itertools import product
 from moe_overlap import paths
 from moe_overlap.skill.estimate.hardware import GPUS, LINKS
 from moe_overlap.skill.estimate.models import MODELS
-from moe_overlap.skill.generate.presets import PRESETS
+from moe_overlap.skill.models.shapes import MODELS as SHAPES
 from moe_overlap.skill.rules.environment import GPU_CAPABILITY
 
 SKILL = "perf-expert-parallel-overlap"
@@ -36,7 +36,7 @@ def gpu_presets() -> tuple[str, ...]:
 
 def model_presets() -> tuple[str, ...]:
     """generate_config's model presets."""
-    return tuple(PRESETS)
+    return tuple(n for n, m in SHAPES.items() if not m.layer_only)
 
 
 def estimate_models() -> tuple[str, ...]:

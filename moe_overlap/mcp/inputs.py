@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -179,16 +180,17 @@ def _schema_text(descriptions: dict[str, str], examples: list[dict[str, Any]]) -
 class GenerateInput(GenerateRequest):
     """generate_config's request with the model preset and the GPU as closed sets."""
 
-    preset: Annotated[Literal[choices.model_presets()] | None, BeforeValidator(_lower)] = None  # type: ignore[valid-type]
+    model: Annotated[Literal[choices.model_presets()] | None, BeforeValidator(_lower)] = Field(  # type: ignore[valid-type]
+        None, validation_alias=AliasChoices("model", "preset"))
     gpu: _gpu_arg("target GPU: product name or compute capability") = None  # type: ignore[valid-type]
     model_config = ConfigDict(extra="forbid", json_schema_extra=_schema_text({
-        "ep": "EP size; or give preset + gpus", "experts": "experts per MoE layer",
+        "ep": "EP size; or give model + gpus", "experts": "experts per MoE layer",
         "topk": "experts per token", "dispatcher": "token dispatcher (the flex stage uses flex)",
         "flex_backend": "flex backend (default: by GPU)", "precision": "fp32 becomes bf16 (overlap needs bf16/fp16)",
         "tp": "tensor-parallel size", "pp": "pipeline-parallel size", "vpp": "virtual pipeline size",
-        "num_layers": "layers (pp > 1 without a preset)",
+        "num_layers": "layers (pp > 1 without a model)",
         "micro_batches": "micro-batches per DP rank (overlap needs >= 2)", "recompute": "activation recompute "
-        "(full is refused)", "preset": "model preset (instead of experts, topk)", "gpus": "total GPUs (EP derived "
+        "(full is refused)", "model": "model preset (alias preset): shape and Bridge recipe layout", "gpus": "total GPUs (EP derived "
         "when ep is not given)", "stage": "rollout stage", "plan": "every stage in order, with its "
         "checks", "to": "config format", "torch_version": "target torch version", "te_version": "target "
         "Transformer Engine version", "megatron_core_version": "Megatron-Core rule set (default: installed)",

@@ -26,7 +26,7 @@ FREE_TEXT = {"config", "argv", "overrides", "torch_version", "te_version", "mega
 # Arguments the server checks against a fixed table: each must be an enum in the schema.
 ENUM_LIKE = {
     "estimate_overlap_benefit": ["fabric", "gpu_preset", "precision"],
-    "generate_config": ["preset", "gpu", "dispatcher", "flex_backend", "precision", "recompute", "stage", "to"],
+    "generate_config": ["model", "gpu", "dispatcher", "flex_backend", "precision", "recompute", "stage", "to"],
     "validate_config": ["gpu"],
     "run_verification": ["device", "schedule", "modes", "fabric", "a2a"],
     "get_skill_card": ["name", "section"],
@@ -52,7 +52,7 @@ CALLS = [
     ("validate_config", {"config": "model:\n  expert_model_parallel_size: 4\n  num_moe_experts: 8\n"}),
     ("generate_config", {"ep": 8, "experts": 64, "plan": True, "torch_version": "2.6.0"}),
     ("generate_config", {"ep": 8, "experts": 6}),
-    ("generate_config", {"preset": "qwen3-30b-a3b", "gpus": 64}),
+    ("generate_config", {"model": "qwen3-30b-a3b", "gpus": 64}),
     ("check_training_log", {"text": "overlap_moe_expert_parallel_comm ..... True\nAssertionError: boom\n"}),
     ("diagnose_failure", {"text": "xyzzy plugh"}),
     ("diagnose_failure", {"text": "NCCL timeout in the all-to-all after enabling overlap"}),

@@ -1,7 +1,7 @@
 """Run inside a child Python whose sys.path starts with one unpacked megatron-core release.
 
-Reads a JSON list of cases from stdin, each {"kwargs": {...}, "torch": "2.6.0", "te": "2.12.0"}, builds
-``TransformerConfig(**kwargs)`` for each with Core's torch / TE version probes answering the case's versions,
+Reads a JSON list of cases from stdin, each {"kwargs": {...}, "torch": "2.6.0", "te": "2.12.0"} (and optionally
+"cls": "MLATransformerConfig", for multi-latent attention), builds ``TransformerConfig(**kwargs)`` for each with Core's torch / TE version probes answering the case's versions,
 and prints one JSON list of [accepted, exception type, message]. Standalone on purpose: it must not import
 moe_overlap (the child runs with the release's path, not the package's).
 """
@@ -41,7 +41,7 @@ def main() -> None:
         if kwargs.get("pipeline_dtype") == "bfloat16":
             kwargs["pipeline_dtype"] = torch.bfloat16
         try:
-            tc.TransformerConfig(**kwargs)
+            getattr(tc, case.get("cls", "TransformerConfig"))(**kwargs)
         except Exception as exc:  # noqa: BLE001 - every rejection is reported, the caller sorts them out
             out.append([False, type(exc).__name__, str(exc)])
         else:

@@ -2,6 +2,7 @@
 and requests that are refused or adjusted (the policy table of docs/generate.md)."""
 
 import json
+import os
 
 import pytest
 import yaml
@@ -12,9 +13,10 @@ from moe_overlap.paths import examples_dir
 from moe_overlap.skill.config.model import effective_values, parse_config
 from moe_overlap.skill.generate.api import generate_config, request_argv
 from moe_overlap.skill.generate.model import GenerateRequest
-from moe_overlap.skill.generate.presets import PRESETS, get_preset
 from moe_overlap.skill.generate.render import FORMATS, render
 from moe_overlap.skill.generate.resolve import STAGES, GenerateError
+from moe_overlap.skill.models.layout import layout_stages
+from moe_overlap.skill.models.shapes import MODELS
 from moe_overlap.skill.rules.flex_backend import apply_flex_dispatcher_backend
 from moe_overlap.verify.plan.config import VerifyConfig
 
@@ -36,6 +38,9 @@ cfg.model.moe_token_dispatcher_type = "alltoall"
 cfg.model.moe_shared_expert_overlap = False
 cfg.model.bf16 = True
 """
+# Every generated config carries the launcher's environment (Bridge's ConfigContainer.env_vars); in bridge-python
+# it is set in the process too, before CUDA starts. Not part of the seed's example.
+ENV_LINES = {"import os", 'os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"', 'cfg.env_vars["CUDA_DEVICE_MAX_CONNECTIONS"] = 32'}
 # The seed's flex activation example (the lines it sets; EP and experts come from its alltoall example).
 SEED_FLEX_LINES = [
     "from megatron.bridge.training.flex_dispatcher_backend import apply_flex_dispatcher_backend",
@@ -59,8 +64,12 @@ def test_overlap_stage_reproduces_the_seed_minimal_config_key_for_key():
     assert result.ok
     stage = result.stages[0]
     minimal = yaml.safe_load((examples_dir() / "ep-overlap-minimal.yaml").read_text())
-    assert stage.config == minimal  # same keys, same values, nothing else
-    assert render(stage.config, "bridge-python") == SEED_MINIMAL
+    config = dict(stage.config)
+    assert config.pop("env_vars") == {"CUDA_DEVICE_MAX_CONNECTIONS": 32}
+    assert config == minimal  # same keys, same values, nothing else
+    lines = render(stage.config, "bridge-python").splitlines()
+    assert ENV_LINES <= set(lines)
+    assert "\n".join(line for line in lines if line not in ENV_LINES) + "\n" == SEED_MINIMAL
     assert stage.validation.valid and stage.validation.warnings == []
 
 
@@ -70,6 +79,7 @@ def test_overlap_wgrad_stage_is_the_seed_alltoall_activation_for_ep8():
     config = result.stages[0].config
     # Every key the seed sets has the seed's value; the seed also pins fp16: false, which is Megatron's
     # default and is what the generated config means (effective values below are compared in full).
+    assert set(config) == set(seed) | {"env_vars"}
     for section, values in seed.items():
         for key, value in values.items():
             if (section, key) == ("model", "fp16"):
@@ -120,15 +130,25 @@ def test_moe_overlap_format_is_a_verify_config():
         assert cfg.schedule == ("none" if stage == "baseline" else "1f1b")
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
-def test_presets_have_moe_dims_and_a_public_source(name):
-    p = get_preset(name)
+@pytest.mark.parametrize("name", sorted(n for n, m in MODELS.items() if not m.layer_only))
+def test_models_have_full_shapes_and_a_public_source(name):
+    p = MODELS[name]
     assert p.source.startswith("https://huggingface.co/") and p.source.endswith("config.json")
     assert p.num_moe_experts > 1 and 1 <= p.moe_router_topk <= p.num_moe_experts
-    result = _gen(preset=name, gpus=16, **ENV)
+    result = _gen(model=name, gpus=16, **ENV)
     model = result.stages[0].config["model"]
     assert model["num_moe_experts"] == p.num_moe_experts and model["moe_ffn_hidden_size"] == p.moe_ffn_hidden_size
-    assert model["expert_model_parallel_size"] == {"qwen3-30b-a3b": 16, "deepseek-v3": 16, "mixtral-8x7b": 8}[name]
+    assert model["ffn_hidden_size"] == p.ffn_hidden_size and model["num_layers"] == p.num_layers
+    assert ("q_lora_rank" in model) if p.mla else (model["kv_channels"] == p.kv_channels)
+    assert model["expert_model_parallel_size"] == {"qwen3-30b-a3b": 16, "deepseek-v3": 16, "mixtral-8x7b": 8,
+                                                    "qwen3-235b-a22b": 16, "qwen3-next-80b-a3b": 16}[name]
+    assert _gen(preset=name, gpus=16, **ENV) == result  # --preset stays an alias of --model
+
+
+def test_unknown_layer_only_shape_is_refused_for_generate():
+    with pytest.raises(GenerateError) as info:
+        _gen(model="deepseek-v3-proxy", gpus=8)
+    assert info.value.field == "model" and "deepseek-v3" in info.value.choices
 
 
 # ---- CLI == API -------------------------------------------------------------------------------------------
@@ -152,7 +172,7 @@ def test_cli_output_equals_api_output(capsys, fmt, stage):
 
 
 def test_cli_plan_json_equals_api(capsys):
-    req = GenerateRequest(preset="qwen3-30b-a3b", gpus=16, plan=True, to="megatron-args", **ENV)
+    req = GenerateRequest(model="qwen3-30b-a3b", gpus=16, plan=True, to="megatron-args", **ENV)
     code, out, _ = _cli(capsys, [*request_argv(req), "--to", "megatron-args", "--format", "json"])
     assert code == 0 and json.loads(out) == lean_dump(generate_config(req))
     code, out, _ = _cli(capsys, [*request_argv(req), "--to", "megatron-args"])
@@ -170,11 +190,11 @@ REFUSED = [
      {"stage": "overlap+wgrad"}),
     (dict(ep=8, experts=64, dispatcher="flex", gpu="T4"), "flex-backend-gpu-support", {"dispatcher": "alltoall"}),
     (dict(ep=4, experts=64, pp=4, num_layers=4), "pp-requires-vpp", {"pp": 2}),
-    (dict(ep=4, experts=64, pp=2, vpp=3, num_layers=8), "pp-requires-vpp", {"vpp": 2}),
+    (dict(ep=4, experts=64, pp=2, vpp=5, num_layers=8), "pp-requires-vpp", {"vpp": 4}),
     (dict(ep=4, experts=64, recompute="full"), "no-full-recompute", {"recompute": "selective"}),
     (dict(ep=4, experts=64, torch_version="2.5.1"), "torch-min-2-6", {"torch_version": "2.6.0"}),
-    (dict(preset="deepseek-v3", gpus=64, pp=2), "pp-requires-vpp", {"pp": 1}),
     (dict(ep=4, experts=1), "num-experts-gt-1", {"experts": 4}),
+    (dict(model="deepseek-v3", gpus=256, pp=64), "pp-requires-vpp", {"pp": 16}),  # a PP that 256 GPUs allow
     (dict(ep=1, experts=1, plan=True), "num-experts-gt-1", {"experts": 2, "ep": 2}),
 ]
 
@@ -214,6 +234,20 @@ def test_vpp_without_pp_is_dropped_with_a_note():
     assert [(a.field, a.used) for a in result.adjustments] == [("vpp", None)]
 
 
+def test_uneven_layers_get_a_pipeline_layout_not_a_refusal():
+    result = _gen(model="deepseek-v3", gpus=64, pp=2, **ENV)
+    model = result.stages[0].config["model"]
+    assert result.ok and model["virtual_pipeline_model_parallel_size"] == 2
+    stages = layout_stages(model["pipeline_model_parallel_layout"])
+    assert len(stages) == 2 * 2 and sum(s.count("t") for s in stages) == 61 and stages[-1] == "mL"
+    assert model["mtp_num_layers"] == 1  # the layout holds it: m in the last stage
+    adjusted = _gen(ep=4, experts=64, pp=2, vpp=3, num_layers=8, **ENV)
+    layout = adjusted.stages[0].config["model"]["pipeline_model_parallel_layout"]
+    assert adjusted.ok and layout_stages(layout) == ["Et", "t", "tt", "tt", "tt", "L"]
+    argv = render(adjusted.stages[0].config, "megatron-args")
+    assert f"--pipeline-model-parallel-layout '{layout}'" in argv and "virtual" not in argv  # Megatron-LM: one of two
+
+
 def test_pp_without_vpp_gets_the_smallest_even_vpp():
     result = _gen(ep=4, experts=64, pp=2, num_layers=12, **ENV)
     model = result.stages[0].config["model"]
@@ -240,7 +274,8 @@ def test_flex_backend_follows_the_gpu():
     (["--experts", "64"], "ep"),
     (["--ep", "4"], "experts"),
     (["--ep", "4", "--experts", "8", "--topk", "9"], "topk"),
-    (["--preset", "gpt-moe", "--gpus", "8"], "preset"),
+    (["--preset", "gpt-moe", "--gpus", "8"], "model"),
+    (["--model", "gpt-moe", "--gpus", "8"], "model"),
     (["--ep", "4", "--experts", "64", "--gpu", "Voodoo5"], "gpu"),
     (["--ep", "4", "--experts", "64", "--pp", "2"], "num_layers"),
     (["--ep", "0", "--experts", "64"], "ep"),
@@ -290,8 +325,10 @@ def test_bridge_python_runs_on_a_recipe_whose_comm_overlap_is_none(monkeypatch):
     module = types.ModuleType("megatron.bridge.training.comm_overlap")
     module.CommOverlapConfig = CommOverlapConfig
     monkeypatch.setitem(sys.modules, "megatron.bridge.training.comm_overlap", module)
-    cfg = types.SimpleNamespace(comm_overlap=None, model=types.SimpleNamespace())
+    cfg = types.SimpleNamespace(comm_overlap=None, model=types.SimpleNamespace(), env_vars={})  # Bridge: {} default
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # the generated lines set it; restored afterwards
     stage = _gen(ep=4, experts=64, stage="overlap", **ENV).stages[0]
     exec(render(stage.config, "bridge-python"), {"cfg": cfg})  # noqa: S102 - our own generated code
     assert cfg.comm_overlap.overlap_moe_expert_parallel_comm is True and cfg.comm_overlap.tp_comm_overlap is False
     assert cfg.model.moe_shared_expert_overlap is False
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "32" and cfg.env_vars == {"CUDA_DEVICE_MAX_CONNECTIONS": 32}

@@ -29,6 +29,7 @@ FLAGS: dict[str, tuple[str, str, str]] = {
     "--pipeline-model-parallel-size": ("model", "pipeline_model_parallel_size", "int"),
     "--virtual-pipeline-model-parallel-size": ("model", "virtual_pipeline_model_parallel_size", "int"),
     "--num-layers-per-virtual-pipeline-stage": ("model", "num_layers_per_virtual_pipeline_stage", "int"),
+    "--pipeline-model-parallel-layout": ("model", "pipeline_model_parallel_layout", "str"),
     "--context-parallel-size": ("model", "context_parallel_size", "int"),
     "--recompute-granularity": ("model", "recompute_granularity", "str"),
     "--recompute-method": ("model", "recompute_method", "str"),

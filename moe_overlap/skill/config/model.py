@@ -358,6 +358,10 @@ def effective_values(cfg: OverlapConfig) -> tuple[dict[str, Any], dict[str, str]
     if values["virtual_pipeline_model_parallel_size"] is None and values["num_layers_per_virtual_pipeline_stage"]:
         values["virtual_pipeline_model_parallel_size"] = "derived"  # Megatron-LM derives VPP from this flag
         paths["virtual_pipeline_model_parallel_size"] = "model.num_layers_per_virtual_pipeline_stage"
+    if values["virtual_pipeline_model_parallel_size"] is None and getattr(cfg.model, "pipeline_model_parallel_layout",
+                                                                          None):
+        values["virtual_pipeline_model_parallel_size"] = "derived"  # stages / PP (Megatron-LM and Core)
+        paths["virtual_pipeline_model_parallel_size"] = "model.pipeline_model_parallel_layout"
     values["global_batch_size"] = cfg.train.global_batch_size
     values["micro_batch_size"] = cfg.train.micro_batch_size
     values["data_parallel_size"] = cfg.train.data_parallel_size or cfg.comm_overlap.data_parallel_size

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from moe_overlap.skill.config.model import effective_values, parse_config
 from moe_overlap.skill.generate.model import (
     RECOMMENDED_ENV,
     Adjustment,
@@ -23,14 +24,17 @@ from moe_overlap.skill.generate.model import (
 from moe_overlap.skill.generate.render import RenderError, render
 from moe_overlap.skill.generate.resolve import GenerateError, Resolved, resolve
 from moe_overlap.skill.generate.stages import PURPOSE, stage_checks, stage_config
-from moe_overlap.skill.rules.validate import validate_config
+from moe_overlap.skill.rules.base import Ctx
+from moe_overlap.skill.rules.notes import ResultNote, notes_for
+from moe_overlap.skill.rules.validate import ValidationResult, validate_config
+from moe_overlap.skill.rules.versions import select_core
 
 
 def request_argv(req: GenerateRequest, *, stage: bool = True) -> list[str]:
     """The `moe-overlap generate` arguments that reproduce `req` (without --to / --format)."""
     argv: list[str] = []
     defaults = GenerateRequest()
-    for name, flag in (("preset", "--preset"), ("gpus", "--gpus"), ("ep", "--ep"), ("experts", "--experts"),
+    for name, flag in (("model", "--model"), ("gpus", "--gpus"), ("ep", "--ep"), ("experts", "--experts"),
                        ("topk", "--topk"), ("dispatcher", "--dispatcher"), ("flex_backend", "--flex-backend"),
                        ("gpu", "--gpu"), ("precision", "--precision"), ("tp", "--tp"), ("pp", "--pp"),
                        ("vpp", "--vpp"), ("num_layers", "--num-layers"), ("micro_batches", "--micro-batches"),
@@ -74,9 +78,19 @@ def _refusal(req: GenerateRequest, res: Resolved) -> Refusal:
                    nearest_command=_command(nearest) if nearest is not None else None)
 
 
-def _validate(config: dict[str, Any], req: GenerateRequest) -> StageValidation:
-    result = validate_config(config, torch_version=req.torch_version, te_version=req.te_version, gpu=req.gpu,
-                             megatron_core_version=req.megatron_core_version, env=RECOMMENDED_ENV, detect=False)
+def _validate(config: dict[str, Any], req: GenerateRequest) -> ValidationResult:
+    return validate_config(config, torch_version=req.torch_version, te_version=req.te_version, gpu=req.gpu,
+                           megatron_core_version=req.megatron_core_version, env=RECOMMENDED_ENV, detect=False)
+
+
+def _next(config: dict[str, Any], result: ValidationResult, req: GenerateRequest, dp: int) -> list[ResultNote]:
+    """The notes of this stage's config; the DP size, which the config does not carry, comes from the layout."""
+    values, paths = effective_values(parse_config(config))
+    ctx = Ctx(values=values, paths=paths, env=result.environment, core=select_core(req.megatron_core_version).line)
+    return notes_for(ctx, dp=dp)
+
+
+def _summary(result: ValidationResult) -> StageValidation:
     return StageValidation(valid=result.valid, errors=[f.rule for f in result.findings if f.severity == "error"],
                            warnings=[f.rule for f in result.findings if f.severity == "warning"],
                            messages=[f"{f.rule}: {f.message}" for f in result.findings if f.severity != "info"],
@@ -88,6 +102,9 @@ def generate_config(request: GenerateRequest | dict[str, Any]) -> GenerateResult
     request; an unsatisfiable one comes back with ok=false and a `refusal`."""
     req = request if isinstance(request, GenerateRequest) else GenerateRequest.model_validate(request)
     res = resolve(req)
+    if req.to == "moe-overlap":  # the one format with no place for it
+        res.notes.append("the moe-overlap format carries no environment: export CUDA_DEVICE_MAX_CONNECTIONS=32 "
+                         "before `moe-overlap verify --device cuda` (cuda-device-max-connections)")
     adjustments = [Adjustment(**vars(a)) for a in res.adjustments]
     if res.refusals:
         return GenerateResult(ok=False, format=req.to, stages=[], adjustments=adjustments, notes=res.notes,
@@ -100,9 +117,11 @@ def generate_config(request: GenerateRequest | dict[str, Any]) -> GenerateResult
             rendered = render(config, req.to, micro_batches=req.micro_batches)
         except RenderError as exc:
             raise GenerateError(str(exc), field="to", fix="use --to yaml, json or overrides") from None
+        validation = _validate(config, req)
         stages.append(StageResult(stage=name, purpose=PURPOSE[name], config=config, rendered=rendered,
                                   checks=[Check(**c) for c in stage_checks(req, name, _command(stage_req), res.ep)],
-                                  validation=_validate(config, req), notes=notes))
+                                  validation=_summary(validation), notes=notes,
+                                  next=_next(config, validation, req, res.dp)))
     errors = {rule: s.stage for s in stages for rule in s.validation.errors}
     if errors:
         # A conflict the request checks did not foresee: refuse rather than hand out an invalid config.

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from moe_overlap.skill.rules.notes import ResultNote
 
 Stage = Literal["baseline", "overlap", "overlap+wgrad", "flex"]
 Format = Literal["bridge-python", "overrides", "megatron-args", "yaml", "json", "moe-overlap"]
@@ -17,35 +19,40 @@ RECOMMENDED_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}
 
 
 class GenerateRequest(BaseModel):
-    """What to generate. Give `ep` and `experts`, or a model `preset` with `gpus` (EP is then derived)."""
+    """What to generate. Give `ep` and `experts`, or a `model` with `gpus` (EP is then derived)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     ep: int | None = Field(None, ge=1, le=4096, description="expert-parallel size (expert_model_parallel_size); "
-                           "or give preset + gpus")
+                           "or give model + gpus")
     experts: int | None = Field(None, ge=1, le=4096, description="experts per MoE layer (num_moe_experts)")
     topk: int | None = Field(None, ge=1, le=4096, description="experts per token (moe_router_topk); optional")
-    dispatcher: Literal["alltoall", "flex"] = Field(
-        "alltoall", description="token dispatcher of every stage; the flex stage switches to flex anyway")
+    dispatcher: Literal["alltoall", "flex"] | None = Field(
+        None, description="token dispatcher of every stage (default: what Megatron-Bridge's recipe for this model "
+        "and GPU uses, else alltoall); the flex stage switches to flex anyway")
     flex_backend: Literal["deepep", "hybridep"] | None = Field(
         None, description="backend of the flex stage / dispatcher (default: DeepEP where the GPU supports it)")
     gpu: str | None = Field(None, max_length=64,
                             description="GPU name (H100, B200, GB200) or compute capability (9.0)")
     precision: Literal["bf16", "fp16", "fp32"] = Field(
         "bf16", description="training precision; fp32 is adjusted to bf16 (EP overlap needs bf16 or fp16)")
-    tp: int = Field(1, ge=1, le=1024, description="tensor-parallel size")
+    tp: int | None = Field(None, ge=1, le=1024,
+                           description="tensor-parallel size (default: the Bridge recipe's at this PP, else 1)")
     pp: int = Field(1, ge=1, le=1024, description="pipeline-parallel size (> 1 needs a virtual pipeline)")
     vpp: int | None = Field(None, ge=1, le=1024, description="virtual pipeline size (chosen when pp > 1 and unset)")
     num_layers: int | None = Field(None, ge=1, le=4096,
-                                   description="layers; needed with pp > 1 (taken from the preset otherwise)")
+                                   description="layers; needed with pp > 1 (taken from the model otherwise)")
     micro_batches: int | None = Field(None, ge=1, le=1_000_000,
-                                      description="micro-batches per data-parallel rank (overlap needs >= 2)")
+                                      description="micro-batches per data-parallel rank (overlap needs >= 2; "
+                                      "default: the Bridge recipe's, else 8, or 4 x pp)")
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="activation recomputation wish; full is refused (EP overlap forbids it)")
-    preset: str | None = Field(None, max_length=64,
-                               description="model preset: qwen3-30b-a3b, deepseek-v3, mixtral-8x7b")
+    model: str | None = Field(None, max_length=64, validation_alias=AliasChoices("model", "preset"),
+                              description="model preset (alias: preset): qwen3-30b-a3b, qwen3-235b-a22b, "
+                              "qwen3-next-80b-a3b, deepseek-v3, mixtral-8x7b")
     gpus: int | None = Field(None, ge=1, le=1_000_000,
-                             description="total GPU count; with no ep, EP = gcd(experts, gpus / (tp x pp))")
+                             description="total GPU count; with no ep, EP = the Bridge recipe's at this GPU count "
+                             "and PP, else gcd(experts, gpus / pp)")
     stage: Stage = Field("overlap", description="rollout stage: baseline, overlap, overlap+wgrad or flex")
     plan: bool = Field(False, description="return every stage in order, each with its checks (ignores stage)")
     to: Format = Field("yaml", description="output format of the rendered configs")
@@ -77,6 +84,9 @@ class StageResult(BaseModel):
     checks: list[Check]
     validation: StageValidation
     notes: list[str]
+    next: list[ResultNote] = Field(default_factory=list, description="the notes that apply to this stage's config: "
+                             "memory, micro-batches, CUDA_DEVICE_MAX_CONNECTIONS, eval steps, delayed wgrad, "
+                             "what to verify next")
 
 
 class Adjustment(BaseModel):

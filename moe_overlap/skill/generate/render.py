@@ -8,8 +8,9 @@ The one input is a nested config with Megatron-Bridge ConfigContainer sections (
                    ``apply_flex_dispatcher_backend(cfg.model, ...)`` call, because setting the backend
                    field alone does nothing in Megatron-Bridge (rule flex-backend-needs-flex-dispatcher)
     overrides      dotted ``section.key=value`` lines, the override syntax of Megatron-Bridge scripts
-    megatron-args  Megatron-LM flags, one per line (false booleans are left out: false is their default)
-    yaml, json     the nested config itself
+    megatron-args  Megatron-LM flags, one per line (false booleans are left out: false is their default), after
+                   an ``export`` line for the ``env_vars`` section (the launcher's environment)
+    yaml, json     the nested config itself; ``env_vars`` is Megatron-Bridge's ConfigContainer field
     moe-overlap    a run config of our own verification (moe_overlap.verify.plan.config.VerifyConfig)
 """
 
@@ -50,6 +51,19 @@ MEGATRON_FLAGS: dict[tuple[str, str], str] = {
     ("model", "num_attention_heads"): "--num-attention-heads",
     ("model", "moe_ffn_hidden_size"): "--moe-ffn-hidden-size",
     ("model", "mtp_num_layers"): "--mtp-num-layers",
+    # from 0.17 Megatron-LM builds these from TransformerConfig's fields (ArgumentGroupFactory): field -> --field
+    ("model", "expert_tensor_parallel_size"): "--expert-tensor-parallel-size",
+    ("model", "ffn_hidden_size"): "--ffn-hidden-size",
+    ("model", "kv_channels"): "--kv-channels",
+    ("model", "num_query_groups"): "--group-query-attention --num-query-groups",
+    ("model", "multi_latent_attention"): "--multi-latent-attention",
+    ("model", "q_lora_rank"): "--q-lora-rank",
+    ("model", "kv_lora_rank"): "--kv-lora-rank",
+    ("model", "qk_head_dim"): "--qk-head-dim",
+    ("model", "qk_pos_emb_head_dim"): "--qk-pos-emb-head-dim",
+    ("model", "v_head_dim"): "--v-head-dim",
+    ("model", "moe_layer_freq"): "--moe-layer-freq",
+    ("model", "pipeline_model_parallel_layout"): "--pipeline-model-parallel-layout",
     ("model", "recompute_granularity"): "--recompute-granularity",
     ("train", "micro_batch_size"): "--micro-batch-size",
     ("train", "global_batch_size"): "--global-batch-size",
@@ -73,7 +87,8 @@ def render(config: dict[str, Any], fmt: str, *, micro_batches: int | None = None
     if fmt == "overrides":
         return "\n".join(override_items(config)) + "\n"
     if fmt == "megatron-args":
-        return "\n".join(megatron_arg_lines(config)) + "\n"
+        env = env_line(config)
+        return "\n".join(([env] if env else []) + megatron_arg_lines(config)) + "\n"
     return yaml.safe_dump(to_verify_config(config, micro_batches=micro_batches), sort_keys=False)
 
 
@@ -96,11 +111,17 @@ def bridge_python_lines(config: dict[str, Any]) -> list[str]:
     model = config.get("model", {})
     flex = model.get("moe_token_dispatcher_type") == "flex"
     comm = bool(config.get("comm_overlap"))
-    imports = ([COMM_IMPORT] if comm else []) + ([FLEX_IMPORT] if flex else [])
+    env = config.get("env_vars") or {}
+    imports = (["import os"] if env else []) + ([COMM_IMPORT] if comm else []) + ([FLEX_IMPORT] if flex else [])
     lines = imports + [""] if imports else []
+    if env:  # before CUDA starts; the process value wins over a recipe's env_vars (Bridge applies them with setdefault)
+        lines += [f"os.environ[{_py(k)}] = {_py(str(v))}" for k, v in env.items()]
     if comm:
         lines += COMM_CREATE
     for section, key, value in _items(config):
+        if section == "env_vars":
+            lines.append(f"cfg.env_vars[{_py(key)}] = {_py(value)}")
+            continue
         if flex and section == "model" and key in ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend"):
             continue  # set by the helper below, together with the GPU check
         lines.append(f"cfg.{section}.{key} = {_py(value)}")
@@ -142,11 +163,40 @@ def _vpp_flag(model: dict[str, Any], vpp: int) -> str:
     return f"--num-virtual-stages-per-pipeline-rank {vpp}"
 
 
+def env_line(config: dict[str, Any]) -> str | None:
+    env = config.get("env_vars") or {}
+    return ("export " + " ".join(f"{k}={v}" for k, v in env.items())) if env else None
+
+
+def _shell_value(key: str, value: Any) -> str:
+    if key == "moe_layer_freq" and isinstance(value, list):
+        return "'" + _freq_expr(value) + "'"  # Megatron-LM evaluates the pattern; quoted for the shell
+    if key == "pipeline_model_parallel_layout":
+        return "'" + str(value) + "'"
+    return _scalar(value)
+
+
+def _freq_expr(freq: list[int]) -> str:
+    """[0, 0, 0, 1, 1, ...] -> '([0]*3+[1]*58)', the pattern form of --moe-layer-freq."""
+    runs: list[tuple[int, int]] = []
+    for v in freq:
+        if runs and runs[-1][0] == v:
+            runs[-1] = (v, runs[-1][1] + 1)
+        else:
+            runs.append((v, 1))
+    return "(" + "+".join(f"[{v}]*{n}" for v, n in runs) + ")"
+
+
 def megatron_arg_lines(config: dict[str, Any]) -> list[str]:
+    """The flags, one per line (the env_vars section is the export line of render(), not a flag)."""
     lines = []
+    layout = config.get("model", {}).get("pipeline_model_parallel_layout")
     for section, key, value in _items(config):
+        if section == "env_vars":
+            continue
         if (section, key) == ("model", "virtual_pipeline_model_parallel_size") and value is not None:
-            lines.append(_vpp_flag(config["model"], int(value)))
+            if not layout:  # Megatron-LM takes one of the layout and the VPP flags and derives VPP from the layout
+                lines.append(_vpp_flag(config["model"], int(value)))
             continue
         flag = MEGATRON_FLAGS.get((section, key))
         if flag is None:
@@ -158,7 +208,7 @@ def megatron_arg_lines(config: dict[str, Any]) -> list[str]:
             continue  # a store_true flag left out is false
         if value is None:
             continue
-        lines.append(f"{flag} {_scalar(value)}")
+        lines.append(f"{flag} {_shell_value(key, value)}")
     return lines
 
 

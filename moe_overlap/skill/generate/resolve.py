@@ -10,11 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_overlap.skill.config.load import ConfigError
+from moe_overlap.skill.generate import pipeline, upstream
 from moe_overlap.skill.generate.model import GenerateRequest
-from moe_overlap.skill.generate.presets import ModelPreset, PresetError, get_preset
+from moe_overlap.skill.models.recipes import gpu_family
+from moe_overlap.skill.models.shapes import ModelShape, UnknownModel, get_model
 from moe_overlap.skill.rules.environment import parse_gpu
 from moe_overlap.skill.rules.flex_backend import BACKENDS, backend_supported
-from moe_overlap.skill.rules.versions import at_least, is_version_number
+from moe_overlap.skill.rules.versions import at_least, is_version_number, select_core
 
 STAGES = ("baseline", "overlap", "overlap+wgrad", "flex")
 
@@ -52,7 +54,7 @@ class Resolved:
     ep: int
     topk: int | None
     num_layers: int | None
-    preset: ModelPreset | None
+    shape: ModelShape | None
     precision: str
     tp: int
     pp: int
@@ -63,6 +65,11 @@ class Resolved:
     stages: list[str]
     recompute: str = "none"
     micro_batches: int | None = None
+    micro_batch_size: int = 1
+    write_batch: bool = False  # train.micro_batch_size / global_batch_size (DP known, or micro-batches asked)
+    layout: str | None = None  # pipeline_model_parallel_layout
+    mtp: int | None = None  # mtp_num_layers written
+    preferred_backend: str | None = None  # the Bridge recipe's flex backend
     adjustments: list[Adjustment] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -77,11 +84,6 @@ def nearest_divisor(n: int, target: int) -> int:
     return min((d for d in divisors(n) if d >= 2), key=lambda d: (abs(d - target), d))
 
 
-def vpp_choices(num_layers: int, pp: int) -> list[int]:
-    """VPP sizes >= 2 that split `num_layers` evenly over pp x vpp virtual stages."""
-    return [v for v in range(2, num_layers // pp + 1) if num_layers % (pp * v) == 0]
-
-
 def _gpu(req: GenerateRequest) -> tuple[str | None, str | None]:
     if req.gpu is None:
         return None, None
@@ -91,31 +93,36 @@ def _gpu(req: GenerateRequest) -> tuple[str | None, str | None]:
         raise GenerateError(exc.message, field="gpu", fix=exc.fix, choices=exc.choices) from None
 
 
-def _model(req: GenerateRequest) -> tuple[ModelPreset | None, int, int | None, int | None]:
-    preset = None
-    if req.preset is not None:
+def _model(req: GenerateRequest) -> tuple[ModelShape | None, int, int | None, int | None]:
+    shape = None
+    if req.model is not None:
         try:
-            preset = get_preset(req.preset)
-        except PresetError as exc:
-            raise GenerateError(str(exc), field="preset", choices=exc.choices) from None
-    experts = req.experts if req.experts is not None else (preset.num_moe_experts if preset else None)
+            shape = get_model(req.model, trainable_only=True)
+        except UnknownModel as exc:
+            raise GenerateError(str(exc), field="model", choices=exc.choices) from None
+    experts = req.experts if req.experts is not None else (shape.num_moe_experts if shape else None)
     if experts is None:
         raise GenerateError("experts: the number of experts is required", field="experts",
-                            fix="give --experts N, or --preset NAME")
-    if preset and req.experts is not None and req.experts != preset.num_moe_experts:
-        raise GenerateError(f"experts={req.experts} contradicts preset {preset.name} "
-                            f"({preset.num_moe_experts} experts)", field="experts", fix="drop --experts or --preset")
-    topk = req.topk if req.topk is not None else (preset.moe_router_topk if preset else None)
+                            fix="give --experts N, or --model NAME")
+    if shape and req.experts is not None and req.experts != shape.num_moe_experts:
+        raise GenerateError(f"experts={req.experts} contradicts model {shape.name} "
+                            f"({shape.num_moe_experts} experts)", field="experts", fix="drop --experts or --model")
+    topk = req.topk if req.topk is not None else (shape.moe_router_topk if shape else None)
     if topk is not None and topk > experts:
         raise GenerateError(f"topk={topk} exceeds the number of experts ({experts})", field="topk",
                             fix=f"use a top-k between 1 and {experts}")
-    layers = req.num_layers if req.num_layers is not None else (preset.num_layers if preset else None)
-    return preset, experts, topk, layers
+    if shape and req.num_layers is not None and req.num_layers != shape.num_layers:
+        raise GenerateError(f"num_layers={req.num_layers} contradicts model {shape.name} ({shape.num_layers} "
+                            "layers)", field="num_layers", fix="drop --num-layers or --model")
+    layers = req.num_layers if req.num_layers is not None else (shape.num_layers if shape else None)
+    return shape, experts, topk, layers
 
 
-def _layout(req: GenerateRequest, experts: int) -> tuple[int, int]:
-    """(ep, dp). EP from the request, or the largest size dividing both the experts and the DP size."""
-    width = req.tp * req.pp
+def _layout(req: GenerateRequest, experts: int, tp: int, up: upstream.Upstream) -> tuple[int, int]:
+    """(ep, dp). EP from the request, the Bridge recipe at this GPU count and PP, or the largest size dividing
+    both the experts and TP x DP (experts are not tensor-parallel: expert_tensor_parallel_size 1, as Bridge's
+    MoE recipes set it, so EP may span the TP ranks too)."""
+    width = tp * req.pp
     dp = None
     if req.gpus is not None:
         if req.gpus % width:
@@ -124,18 +131,23 @@ def _layout(req: GenerateRequest, experts: int) -> tuple[int, int]:
         dp = req.gpus // width
     if req.ep is not None:
         ep = req.ep
-        if dp is not None and dp % ep:
-            raise GenerateError(f"ep={ep} does not divide the data-parallel size {dp} (gpus / (tp x pp))",
-                                field="ep", fix=f"use an EP size dividing {dp}: {divisors(dp)}")
+        if dp is not None and (tp * dp) % ep:
+            raise GenerateError(f"ep={ep} does not divide TP x DP = {tp * dp} (gpus / pp)", field="ep",
+                                fix=f"use an EP size dividing {tp * dp}: {divisors(tp * dp)}")
     elif dp is not None:
-        ep = math.gcd(experts, dp)
+        r = up.exact
+        if r is not None and r.tp == tp and (tp * dp) % r.ep == 0 and experts % r.ep == 0:
+            ep = r.ep
+            up.notes.append(f"EP {ep} as in {r.where}")
+        else:
+            ep = math.gcd(experts, tp * dp)
     else:
         raise GenerateError("ep: the expert-parallel size is required", field="ep",
-                            fix="give --ep N, or --preset NAME with --gpus N")
+                            fix="give --ep N, or --model NAME with --gpus N")
     return ep, dp if dp is not None else ep
 
 
-def _pipeline(req: GenerateRequest, layers: int | None, out: Resolved) -> None:
+def _pipeline(req: GenerateRequest, layers: int | None, out: Resolved, up: upstream.Upstream) -> None:
     if req.pp == 1:
         if req.vpp is not None:
             out.adjustments.append(Adjustment("vpp", req.vpp, None, None,
@@ -143,28 +155,15 @@ def _pipeline(req: GenerateRequest, layers: int | None, out: Resolved) -> None:
         return
     if layers is None:
         raise GenerateError("num_layers: needed with pp > 1 to choose the virtual pipeline size",
-                            field="num_layers", fix="give --num-layers N, or --preset NAME")
-    choices = vpp_choices(layers, req.pp)
-    if not choices:
-        smaller = [p for p in range(req.pp - 1, 0, -1) if p == 1 or vpp_choices(layers, p)]
-        out.refusals.append(Refusal("pp-requires-vpp", (
-            f"pp={req.pp} with {layers} layers leaves no room for a virtual pipeline (VPP >= 2 with "
-            f"{layers} % (pp x vpp) == 0), and EP overlap with pp > 1 needs one"), {"pp": smaller[0], "vpp": None}))
-    elif req.vpp is None:
-        out.vpp = choices[0]
-        out.adjustments.append(Adjustment("vpp", None, out.vpp, "pp-requires-vpp", (
-            f"EP overlap with pp > 1 needs the interleaved schedule: VPP {out.vpp} is the smallest size that "
-            f"splits {layers} layers evenly over {req.pp} x VPP stages")))
-    elif req.vpp in choices:
-        out.vpp = req.vpp
-    else:
-        out.refusals.append(Refusal("pp-requires-vpp", (
-            f"vpp={req.vpp} does not split {layers} layers evenly over pp={req.pp} (valid: {choices})"),
-            {"vpp": min(choices, key=lambda v: (abs(v - req.vpp), v))}))
+                            field="num_layers", fix="give --num-layers N, or --model NAME")
+    chosen, adjustments, refusals = pipeline.choose(req, layers, out.mtp or 0, up.vpp_from)
+    out.vpp, out.layout = chosen["vpp"], chosen["layout"]
+    out.adjustments += [Adjustment(*a) for a in adjustments]
+    out.refusals += [Refusal(*r) for r in refusals]
 
 
 def _flex(req: GenerateRequest, out: Resolved) -> None:
-    wants_flex = req.dispatcher == "flex" or "flex" in out.stages
+    wants_flex = out.dispatcher == "flex" or "flex" in out.stages
     if req.flex_backend and not wants_flex:
         out.notes.append(f"flex_backend={req.flex_backend} is not used: only the flex stage or "
                          "dispatcher=flex switch to the flex dispatcher (flex-backend-needs-flex-dispatcher)")
@@ -174,12 +173,13 @@ def _flex(req: GenerateRequest, out: Resolved) -> None:
     name, cc = _gpu(req)
     support = {b: (backend_supported(b, name, cc) if cc else None) for b in BACKENDS}
     wanted = req.flex_backend
-    order = [wanted] + [b for b in BACKENDS if b != wanted] if wanted else list(BACKENDS)
+    first = wanted or out.preferred_backend  # the one asked for, else the Bridge recipe's
+    order = [first] + [b for b in BACKENDS if b != first] if first else list(BACKENDS)
     pick = next((b for b in order if support[b] is True), None) or next(
         (b for b in order if support[b] is None), None)
     if pick is None:
         reason = f"neither DeepEP nor HybridEP supports GPU {req.gpu} (compute capability {cc})"
-        if req.dispatcher == "flex" or (req.stage == "flex" and not req.plan):
+        if out.dispatcher == "flex" or (req.stage == "flex" and not req.plan):
             nearest: dict[str, Any] = {"dispatcher": "alltoall", "flex_backend": None}
             if req.stage == "flex":
                 nearest["stage"] = "overlap+wgrad"
@@ -192,6 +192,8 @@ def _flex(req: GenerateRequest, out: Resolved) -> None:
     if wanted and pick != wanted:
         out.adjustments.append(Adjustment("flex_backend", wanted, pick, "flex-backend-gpu-support",
                                           f"{wanted} does not support GPU {req.gpu}; {pick} does"))
+    elif not wanted and out.preferred_backend and pick == out.preferred_backend:
+        pass  # the recipe's backend: noted with the dispatcher
     elif not wanted and pick != BACKENDS[0]:
         out.notes.append(f"flex backend {pick}: {BACKENDS[0]} does not support GPU {req.gpu}")
     elif support[pick] is None:
@@ -205,17 +207,31 @@ def _flex(req: GenerateRequest, out: Resolved) -> None:
 
 
 def resolve(req: GenerateRequest) -> Resolved:
-    _gpu(req)  # an unknown GPU name is a malformed request, whatever the stage
-    for name in ("torch_version", "te_version", "megatron_core_version"):
-        value = getattr(req, name)
+    name, cc = _gpu(req)  # an unknown GPU name is a malformed request, whatever the stage
+    for field_name in ("torch_version", "te_version", "megatron_core_version"):
+        value = getattr(req, field_name)
         if value is not None and not is_version_number(value):
-            raise GenerateError(f"{name} {value!r} is not a version number", field=name, fix="e.g. 2.6.0")
-    preset, experts, topk, layers = _model(req)
-    ep, dp = _layout(req, experts)
-    out = Resolved(experts=experts, ep=ep, topk=topk, num_layers=layers, preset=preset, precision=req.precision,
-                   tp=req.tp, pp=req.pp, vpp=None, dp=dp, dispatcher=req.dispatcher, backend=None,
+            raise GenerateError(f"{field_name} {value!r} is not a version number", field=field_name, fix="e.g. 2.6.0")
+    shape, experts, topk, layers = _model(req)
+    up = upstream.find(shape.name if shape else None, gpu_family(name, cc), req.gpus, req.pp)
+    tp = upstream.default_tp(up, req.tp, req.gpus, req.pp)
+    ep, dp = _layout(req, experts, tp, up)
+    dispatcher, backend = upstream.default_dispatcher(up, req.dispatcher, shape.name if shape else None,
+                                                      req.gpu is not None)
+    mbs, micro = upstream.default_micro_batches(up, req.micro_batches, dp, req.pp, ep, tp)
+    out = Resolved(experts=experts, ep=ep, topk=topk, num_layers=layers, shape=shape, precision=req.precision,
+                   tp=tp, pp=req.pp, vpp=None, dp=dp, dispatcher=dispatcher, backend=None,
                    stages=list(STAGES) if req.plan else [req.stage], recompute=req.recompute,
-                   micro_batches=req.micro_batches)
+                   micro_batches=micro, micro_batch_size=mbs, preferred_backend=backend,
+                   write_batch=req.micro_batches is not None or req.gpus is not None or shape is not None)
+    if shape is not None and shape.mtp_num_layers:
+        # MTP with EP overlap: at most one layer (mtp-layers-limit); <= 0.17 also needs pp > 1 (mtp-requires-pp)
+        if req.pp > 1 or select_core(req.megatron_core_version).line >= (0, 18):
+            out.mtp = min(shape.mtp_num_layers, 1)
+        else:
+            out.notes.append(f"{shape.name} trains with {shape.mtp_num_layers} MTP layer(s); mtp_num_layers is not "
+                             "written: megatron-core <= 0.17 needs pp > 1 for MTP with EP overlap (mtp-requires-pp; "
+                             "give --pp, or --megatron-core-version 0.18 or later)")
     if experts < 2:
         out.refusals.append(Refusal("num-experts-gt-1", f"num_moe_experts={experts}: a model with one expert has "
                                     "no expert all-to-all to overlap", {"experts": max(2, ep)}))
@@ -238,13 +254,10 @@ def resolve(req: GenerateRequest) -> Resolved:
     if req.torch_version is not None and not at_least(req.torch_version, "2.6.0"):
         out.refusals.append(Refusal("torch-min-2-6", f"EP overlap hangs with torch {req.torch_version} (< 2.6.0)",
                                     {"torch_version": "2.6.0"}))
-    _pipeline(req, layers, out)
+    _pipeline(req, layers, out, up)
     _flex(req, out)
-    if req.micro_batches == 1:
-        out.notes.append("micro_batches=1: EP overlap pairs the forward of one micro-batch with the backward of "
-                         "another, so a single micro-batch leaves nothing to overlap (single-micro-batch)")
-    if preset is not None and preset.mtp_num_layers:
-        out.notes.append(f"{preset.name} trains with {preset.mtp_num_layers} MTP layer(s); mtp_num_layers is not "
-                         "written: EP overlap allows at most 1 (mtp-layers-limit) and megatron-core <= 0.17 also "
-                         "needs pp > 1 with it (mtp-requires-pp)")
+    if up.exact and up.exact.recompute == "full":
+        out.notes.append(f"{up.exact.where} fits memory with full recompute, which EP overlap forbids "
+                         "(no-full-recompute): this config keeps its layout without it; see the memory note")
+    out.notes += up.notes
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from moe_overlap.skill.generate.model import RECOMMENDED_ENV
 from moe_overlap.skill.generate.resolve import Resolved
 from moe_overlap.skill.rules.flex_backend import apply_flex_dispatcher_backend
 
@@ -40,17 +41,20 @@ def stage_config(res: Resolved, stage: str, gpu: str | None) -> tuple[dict[str, 
     if res.pp > 1:
         model["pipeline_model_parallel_size"] = res.pp
         model["virtual_pipeline_model_parallel_size"] = res.vpp
+        if res.layout:
+            model["pipeline_model_parallel_layout"] = res.layout
     model["expert_model_parallel_size"] = res.ep
+    if res.tp > 1:  # experts not tensor-parallel, so EP may span the TP ranks (Bridge's MoE recipes set it too)
+        model["expert_tensor_parallel_size"] = 1
     model["num_moe_experts"] = res.experts
-    if res.preset is not None:
-        model.update(res.preset.model_fields_for_config())
-    else:
-        if res.pp > 1 and res.num_layers is not None:
-            model["num_layers"] = res.num_layers
-        if res.topk is not None:
-            model["moe_router_topk"] = res.topk
+    if res.shape is not None:
+        model.update(res.shape.megatron_fields())
+    elif res.pp > 1 and res.num_layers is not None:
+        model["num_layers"] = res.num_layers
     if res.topk is not None:
         model["moe_router_topk"] = res.topk
+    if res.mtp:
+        model["mtp_num_layers"] = res.mtp
     model["moe_token_dispatcher_type"] = "alltoall"
     model["moe_shared_expert_overlap"] = False  # the two overlaps exclude each other (no-shared-expert-overlap)
     if res.precision == "bf16":
@@ -61,9 +65,12 @@ def stage_config(res: Resolved, stage: str, gpu: str | None) -> tuple[dict[str, 
     if res.recompute == "selective":
         model["recompute_granularity"] = "selective"
     config: dict[str, Any] = {"comm_overlap": comm, "model": model}
-    if res.micro_batches is not None:
-        # micro-batches per data-parallel rank = global / (micro x DP)
-        config["train"] = {"micro_batch_size": 1, "global_batch_size": res.micro_batches * res.dp}
+    if res.write_batch:
+        # micro-batches per data-parallel rank = global / (micro x DP); the overlap pairs two of them
+        config["train"] = {"micro_batch_size": res.micro_batch_size,
+                           "global_batch_size": res.micro_batches * res.micro_batch_size * res.dp}
+    # Megatron-Bridge's ConfigContainer.env_vars: applied (setdefault) before the run starts
+    config["env_vars"] = {k: int(v) for k, v in RECOMMENDED_ENV.items()}
     notes: list[str] = []
     if stage == "flex" or res.dispatcher == "flex":
         config, notes = apply_flex_dispatcher_backend(config, res.backend, gpu)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from moe_overlap.skill.config.model import OverlapConfig, effective_values, parse_config
 from moe_overlap.skill.rules.base import Ctx, Rule, Unchecked
 from moe_overlap.skill.rules.environment import Environment, detect_environment
+from moe_overlap.skill.rules.notes import ResultNote, notes_for
 from moe_overlap.skill.rules.registry import rules_for
 from moe_overlap.skill.rules.versions import select_core
 
@@ -45,6 +46,9 @@ class ValidationResult(BaseModel):
     findings: list[Finding]
     environment: Environment
     rule_set: RuleSet
+    notes: list[ResultNote] = Field(default_factory=list, description=(
+        "what matters next for a VALID overlap config (memory, micro-batches, CUDA_DEVICE_MAX_CONNECTIONS, eval "
+        "steps, delayed wgrad, what to verify), each with its rule or source; empty otherwise"))
 
 
 def _show(value: Any) -> str:
@@ -160,8 +164,9 @@ def validate_parsed(cfg: OverlapConfig, *, torch_version: str | None = None, te_
         bridge_rules=[r.id for r in rules if r.kind(selection.line) == "bridge"],
         advice_rules=[r.id for r in rules if r.kind(selection.line) == "advice"],
     )
-    return ValidationResult(valid=not any(f.severity == "error" for f in findings), findings=findings,
-                            environment=environment, rule_set=rule_set)
+    valid = not any(f.severity == "error" for f in findings)
+    return ValidationResult(valid=valid, findings=findings, environment=environment, rule_set=rule_set,
+                            notes=notes_for(ctx) if valid and ctx.overlap else [])
 
 
 def _selected(rs: RuleSet) -> str:
@@ -194,4 +199,7 @@ def render_text(result: ValidationResult, name: str = "config") -> str:
         lines.append(_wrap(f.message, "        "))
         if f.fix:
             lines.append(_wrap(f"fix: {f.fix}", "        ", "             "))
+    if result.notes:
+        lines += ["", "what matters next:"]
+        lines += [_wrap(f"- {n.text} [{n.source}]", "  ", "    ") for n in result.notes]
     return "\n".join(lines) + "\n"
