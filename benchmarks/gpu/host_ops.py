@@ -1,6 +1,6 @@
 """Host ops of one EP 1 MoE layer forward + backward on CUDA, by name: what the host issues per step.
 
-Why: at the Qwen3-30B-A3B shape the EP 1 layer is host-bound (benchmarks/gpu_layer.py, GPU busy 0.6-0.8), so an
+Why: at the Qwen3-30B-A3B shape the EP 1 layer is host-bound (benchmarks/gpu/gpu_layer.py, GPU busy 0.6-0.8), so an
 op added to the layer's path costs wall time even when it saves GPU time. This counts them (torch.profiler, CPU
 activity, events with self time > 0, per iteration), so two versions can be compared name by name.
 
