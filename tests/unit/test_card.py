@@ -411,3 +411,21 @@ def test_constraint_releases_upstream_and_checkers_match_the_rules(card):
             assert "megatron-core" in checkers, rule.id
         if kinds == {"advice"}:
             assert checkers <= {"moe-overlap", "megatron-core"}, rule.id
+
+
+def test_cli_card_field_without_name_reads_the_only_skill(capsys):
+    from moe_overlap.cli import main
+
+    assert main(["card", "--field", "summary"]) == 0
+    assert capsys.readouterr().out.strip() == load_card(SKILL).summary
+    assert main(["card", "--section", "constraints", "--field", "torch-min-2-6.requires"]) == 0
+    assert capsys.readouterr().out.strip() == "torch >= 2.6.0"
+
+
+def test_cli_card_field_without_name_needs_one_when_several(capsys, monkeypatch):
+    from moe_overlap.cli import main
+
+    monkeypatch.setattr(cards, "skill_names", lambda: [SKILL, "another-skill"])
+    assert main(["card", "--field", "summary"]) == 2
+    err = capsys.readouterr().err
+    assert "need a skill name" in err and "another-skill" in err
