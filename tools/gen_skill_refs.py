@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate the tables of the skill's references that restate data: the constraint table of
-references/constraints.md (from card.yaml's constraints) and the per-release table of references/releases.md
-(from the rules, moe_overlap/skill/rules/). Each table sits between `<!-- generated:NAME -->` and
+references/constraints.md (from card.yaml's constraints), the per-release table of references/releases.md and the
+upstream lines of references/upstream-lines.md (both from the rules, moe_overlap/skill/rules/). Each table sits between `<!-- generated:NAME -->` and
 `<!-- /generated -->`; the prose around it is written by hand.
 
     python tools/gen_skill_refs.py          # write
@@ -53,7 +53,29 @@ def releases_table() -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {"constraints.md": ("constraints", constraints_table), "releases.md": ("releases", releases_table)}
+_PATH = re.compile(r"\b((?:src/)?megatron/[\w/]+/)(\w+\.py)")
+
+
+def upstream_table() -> str:
+    """Where upstream enforces each rule, per release (the rules' own sources), file paths shortened to their names
+    with a legend: the card does not restate them."""
+    legend: dict[str, str] = {}
+
+    def short(m: re.Match) -> str:
+        legend.setdefault(m.group(2), m.group(1) + m.group(2))
+        return m.group(2)
+
+    rows = []
+    for rule in all_rules():
+        text = _PATH.sub(short, rule.source).replace("megatron-core ", "Core ").replace("megatron-bridge ", "Bridge ")
+        rows.append(f"| `{rule.id}` | {_cell(text)} |")
+    lines = ["Files: " + "; ".join(f"`{name}` = `{full}`" for name, full in sorted(legend.items())) + ".", "",
+             "| rule | upstream (file:line per release) |", "|---|---|", *rows]
+    return "\n".join(lines)
+
+
+BLOCKS = {"constraints.md": ("constraints", constraints_table), "releases.md": ("releases", releases_table),
+          "upstream-lines.md": ("upstream", upstream_table)}
 
 
 def render(text: str, name: str, table: str) -> str:

@@ -85,7 +85,7 @@ def _prompt(case: dict, arm: str, skill_copy: Path, answer: Path, attached: str)
             "- Record every read of a file of the skill folder: its path relative to the skill folder and the",
             "  characters you read (a whole file: `\"whole\": true` and its size as `wc -m` counts it; part of a",
             "  file: the characters of that part). Record every command with the characters of its output.",
-            "- If the question is not about what the skill covers, say so and answer from general knowledge.",
+            "- Decide from the skill's description whether it applies to the question, as an assistant does.",
         ]
         example = {"id": case["id"], "arm": arm, "answer": "...",
                    "reads": [{"path": "SKILL.md", "chars": 9000, "whole": True}],

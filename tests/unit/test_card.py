@@ -409,7 +409,8 @@ def test_constraint_releases_upstream_and_checkers_match_the_rules(card):
     for rule in all_rules():
         c = card.constraint(rule.id)
         assert c.releases == rule.releases(), rule.id
-        assert c.upstream is not None and " ".join(c.upstream.split()) == " ".join(rule.source.split()), rule.id
+        # The upstream lines are the rules' own (references/upstream-lines.md is generated from them): not restated.
+        assert c.upstream is None, rule.id
         kinds = {rule.kind(line) for line in ((0, 16), (0, 17), (0, 18), (0, 19)) if rule.applies_to(line)}
         checkers = set(c.checked_by)
         assert ("megatron-bridge" in checkers) == rule.bridge, rule.id
