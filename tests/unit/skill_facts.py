@@ -125,7 +125,10 @@ def gpu_problems(text: str, where: str) -> list[str]:
             segment = clause[m.end(): marks[i + 1].start() if i + 1 < len(marks) else len(clause)]
             neg = _NEGATION.search(segment)
             cut = neg.start() if neg else len(segment)
-            claimed, denied = segment[:cut], segment[cut:]
+            # What follows a negated phrase is often its explanation ("not on GB200: Bridge accepts ..."): the
+            # denial ends at the next colon or bracket, and nothing after it is read as a claim.
+            stop = re.search(r"[:(]", segment[cut:])
+            claimed, denied = segment[:cut], segment[cut: cut + stop.start()] if stop else segment[cut:]
             said = {int(x) for x in re.findall(r"(?<![\d.])(\d{1,2})\.x\b", claimed)}
             said |= {v for k, v in ARCH.items() if k in claimed}
             if backend != "deepep" and "Blackwell" in claimed:

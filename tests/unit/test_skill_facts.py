@@ -136,3 +136,14 @@ def test_header_check_catches_the_old_header():
            "under Megatron-LM with overlap_grad_reduce; 2.12 inside CUDA graphs).")
     assert header_problems(old)
     assert not facts.gpu_problems("HybridEP on 8.x, 9.x or 10.x (GB200/GB300 NVL72 included); NCCL EP on 9.x.", "ok")
+
+
+def test_eval_ground_truths_agree_with_the_rules_on_gpus_and_ranges():
+    """The evals grade answers against their ground truth, so a wrong GPU list or range there would mis-grade.
+    (Versions are not checked here: a ground truth may restate the user's own, e.g. 'TE 2.9 fails'.)"""
+    import json
+
+    data = json.loads((FOLDER / "evals" / "evals.json").read_text(encoding="utf-8"))
+    problems = [p for case in data["evals"] for text in [case["ground_truth"], *case["expectations"]]
+                for p in facts.gpu_problems(text, f"eval {case['id']}") + facts.mtp_problems(text, f"eval {case['id']}")]
+    assert not problems, "\n".join(problems)
