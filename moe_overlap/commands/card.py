@@ -1,5 +1,7 @@
 """`moe-overlap card [NAME] [--section S] [--field dotted.path]`: list the skills, a card's overview, or a part.
 
+NAME may be left out with --section/--field when one skill is installed (`moe-overlap card --field summary`).
+
 `--format json` prints what the MCP tools return: the skill list (`list_skills`), or a card read
 (`get_skill_card`): the contents without --section/--field, else the part asked for. Exit 0 on success, 2
 on an unknown skill, section or field (the valid choices are listed) or a malformed card (every problem
@@ -14,7 +16,8 @@ from moe_overlap.commands._common import EXIT_OK, CommandError, add_format_argum
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("name", nargs="?", help="skill name (omit to list the skills)")
+    parser.add_argument("name", nargs="?", help=(
+        "skill name (omit to list the skills; with --section/--field it defaults to the only skill)"))
     parser.add_argument("--section", metavar="NAME",
                         help="one top-level section of the card, e.g. constraints (--field is then inside it)")
     parser.add_argument("--field", metavar="PATH",
@@ -50,15 +53,25 @@ def _list_text(skills) -> str:
     return "\n".join(f"{s.name}  [{s.validation_status}]\n  {s.summary}" for s in skills)
 
 
+def _only_skill() -> str:
+    """The skill --section/--field read when no NAME is given: the only one installed, else a usage error."""
+    from moe_overlap.skill.card.cards import skill_names
+
+    names = skill_names()
+    if len(names) == 1:
+        return names[0]
+    raise CommandError(f"--section and --field need a skill name: {len(names)} skills are installed",
+                       field="name", choices=names)
+
+
 def run(args) -> int:
     from moe_overlap.skill.card.cards import CardError, CardFileError, load_card
     from moe_overlap.skill.card.contents import read_card, skill_list
 
     try:
+        if args.name is None and (args.field or args.section):
+            args.name = _only_skill()
         if args.name is None:
-            if args.field or args.section:
-                raise CommandError("--section and --field need a skill name", field="name",
-                                   choices=[s.name for s in skill_list().skills])
             skills = skill_list()
             emit(skills, args.format, _list_text(skills.skills))
             return EXIT_OK

@@ -1,6 +1,7 @@
 """evals/evals.json: valid against its schema, covers what the issue asks, and bad files are located."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -31,10 +32,13 @@ def test_evals_schema_is_strict():
     assert schema["$defs"]["EvalCase"]["additionalProperties"] is False
 
 
-def test_at_least_ten_with_ground_truth_and_behaviour(evals):
-    assert len(evals.evals) >= 10
+def test_at_least_25_with_ground_truth_behaviour_and_source(evals):
+    assert len(evals.evals) >= 25
+    assert sum(not c.should_trigger for c in evals.evals) >= 4
     for case in evals.evals:
         assert len(case.ground_truth) > 40 and len(case.expected_output) > 20 and case.expectations
+        # Each ground truth names where it comes from: an upstream file (with a line) or an issue / pull request.
+        assert re.search(r"\.(py|md)(:\d+)?|PR \d+|issue \d+", case.source), (case.id, case.source)
 
 
 def test_required_topics_are_covered(evals):
@@ -131,7 +135,7 @@ def test_should_not_trigger_cases_keep_ep_overlap_out(evals):
     from moe_overlap.skill.card.cards import read_frontmatter
 
     negatives = [c for c in evals.evals if not c.should_trigger]
-    assert len(negatives) >= 3
+    assert len(negatives) >= 4
     description = read_frontmatter(skill_dir(SKILL) / "SKILL.md")["description"]
     for case in negatives:
         assert case.topics == ["out-of-scope"] and not case.rule_ids and not case.families, case.name

@@ -3,7 +3,8 @@
 Shape follows the common Agent Skills evals layout (`skill_name`, `evals[]` with `id`, `prompt`,
 `expected_output`, `files`, `expectations`) plus what this project needs to check coverage: the
 ground truth, the topics and constraint families a question exercises, the rule ids it cites, and
-`should_trigger` (false for the neighbouring questions the skill must not be used for).
+`should_trigger` (false for the neighbouring questions the skill must not be used for), and the `source` of each
+ground truth (upstream code, issue or pull request). evals/PROTOCOL.md says how they are run (tools/skill_eval.py).
 `schemas/evals.schema.json` is generated from `EvalSet`. Torch-free.
 """
 
@@ -40,6 +41,8 @@ class EvalCase(_Strict):
     topics: list[EvalTopic] = Field(min_length=1)
     families: list[ConstraintFamily] = Field(default_factory=list)
     rule_ids: list[str] = Field(default_factory=list, description="constraint ids the answer relies on")
+    source: str = Field(min_length=10, description=(
+        "where the ground truth comes from: upstream repository, file and line (or issue / pull request)"))
     should_trigger: bool = Field(True, description=(
         "whether an assistant should load this skill for the prompt; false: a neighbouring topic the skill must "
         "not pull the answer into (its expectations check that the answer stays out of EP-overlap advice)"))

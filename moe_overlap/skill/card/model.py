@@ -148,7 +148,9 @@ class Constraint(_Strict):
     source: list[str] = Field(min_length=1, description="evidence ids of this card")
     releases: str | None = Field(default=None, description=(
         "megatron-core release lines the rule holds for, e.g. 0.16-0.19 (the validator's rule set)"))
-    upstream: str | None = Field(default=None, description="where upstream enforces it: file:line per release")
+    upstream: str | None = Field(default=None, description=(
+        "where upstream enforces it, file:line per release; left out when a rule of the validator has the same id "
+        "(its source is the one record: references/upstream-lines.md is generated from it)"))
     notes: str | None = None
 
 
