@@ -149,7 +149,7 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
     per_elem = cal if cal and not (gpu or req.mem_gbps or mem_eff) else None
     overhead = req.overhead_ms if req.overhead_ms is not None else (cal.overhead_ms if cal else 0.0)
     host_ms = req.host_ms if req.host_ms is not None else (cal.host_ms if cal else None)
-    if host_ms is None and cal is None:  # Megatron-Core's layer: its host work from its op count
+    if host_ms is None and cal is None and req.megatron_host:  # Megatron-Core's layer: its host work from its op count
         host_ms = costs.host_ms_megatron(req.experts, req.ep)
         sources.append(costs.host_source(req.experts, req.ep))
     if cal:
@@ -295,9 +295,22 @@ def _recompute_ms(n: NodeTimes) -> float:
 
 def schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff: float,
               host_excess: float = 1.0) -> list[ScheduleEstimate]:
-    """none, 1f1b and 1f1b+wgrad at overlap efficiency `eff` and host factors' excess scaled by `host_excess`."""
+    """none, 1f1b and 1f1b+wgrad at overlap efficiency `eff` and host factors' excess scaled by `host_excess`;
+    with baseline_step_ms, what the model leaves out of the measured no-overlap step is added to each."""
+    out = _schedules(req, h, nodes, eff, host_excess, req.other_ms)
+    if req.baseline_step_ms is not None:
+        rest = max(0.0, req.baseline_step_ms - out[0].step_ms)
+        out = _schedules(req, h, nodes, eff, host_excess, req.other_ms + rest)
+    return out
+
+
+def _schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff: float, host_excess: float,
+               other_ms: float) -> list[ScheduleEstimate]:
     m, L = req.micro_batches, req.layers
     extra = _recompute_ms(nodes) * m * L if req.recompute == "full" else 0.0
+    none_tl = layer_timeline(nodes, 1)
+    # the pipeline's fill and drain: (pp - 1) / (vpp x m) of one no-overlap pass, idle in every schedule
+    bubble = (none_tl.serial * m * L + extra) * (req.pp - 1) / (req.vpp * m)
 
     def sched(name: str, layer_tl_ms: float, compute: float, comm: float, note: str = "",
               available: bool = True) -> ScheduleEstimate:
@@ -305,11 +318,10 @@ def schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff: 
         layers_ms, bound = floor_ms(layer_tl_ms, h.host_ms, name if m >= 2 else "none", m * L, excess=host_excess)
         if bound:
             note = (note + "; " if note else "") + "host-bound: the step is the host's issue time"
-        return ScheduleEstimate(name=name, step_ms=layers_ms + extra + req.other_ms, compute_ms=compute,
+        return ScheduleEstimate(name=name, step_ms=layers_ms + extra + bubble + other_ms, compute_ms=compute,
                                 comm_ms=comm, exposed_comm_ms=max(0.0, layer_tl_ms - compute), host_bound=bound,
                                 available=available, note=note)
 
-    none_tl = layer_timeline(nodes, 1)
     out = [sched("none", none_tl.serial * m * L, none_tl.busy["compute"] * m * L, none_tl.busy["comm"] * m * L)]
     for name, delay in (("1f1b", False), ("1f1b+wgrad", True)):
         try:

@@ -113,6 +113,9 @@ class EstimateRequest(BaseModel):
                                                     "of the job (1 puts every stream on one hardware queue)")
     a2a_engine: Literal["sm", "copy-engine"] = Field("sm", description="what moves the all-to-all bytes: SM "
                                                      "kernels (NCCL, DeepEP, HybridEP) or copy engines")
+    pp: int = Field(1, gt=0, le=MAX_LAYERS, description="pipeline-parallel size: its bubble, (pp - 1) / (vpp x "
+                    "micro_batches) of the layers' time, is added to every schedule, never hidden")
+    vpp: int = Field(1, gt=0, le=MAX_LAYERS, description="virtual pipeline stages per rank (interleaved schedule)")
     recompute: Literal["none", "full"] = Field("none", description="full: every layer's forward is recomputed "
                                                "in its backward (Megatron-LM PR 6311's per-layer recompute)")
     layers: int = Field(1, gt=0, le=MAX_LAYERS, description="MoE layers (step times scale with it)")
@@ -141,6 +144,12 @@ class EstimateRequest(BaseModel):
     host_ms: float | None = Field(None, gt=0, le=MAX_MS, description="host issue time of one MoE layer's forward + "
                                   "backward per micro-batch without overlap (ms): no schedule is faster than the "
                                   "host issuing it (skill/estimate/host.py); default: the calibration's, else no floor")
+    megatron_host: bool = Field(True, description="without host_ms or a calibration, estimate Megatron-Core's "
+                                "host issue time from its op count (skill/estimate/costs.py); false: no host floor")
+    baseline_step_ms: float | None = Field(None, gt=0, le=MAX_MS * 1000, description="the measured step time of "
+                                           "the job without overlap: what the model leaves out of it (optimizer, "
+                                           "gradient reduction, embedding, loss, uneven routing) is added to every "
+                                           "schedule, never hidden")
     other_ms: float = Field(0.0, ge=0, le=MAX_MS, description="time per step outside the layers, never overlapped")
     chunks: int = Field(4, ge=2, le=MAX_CHUNKS, description="token chunks of the 'chunked' schedule")
     chunk_backward: bool = Field(True, description="the chunked schedule also pipelines the backward pass")

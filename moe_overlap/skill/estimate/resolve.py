@@ -21,7 +21,8 @@ class MissingInputs(ValueError):
         self.missing = missing
         self.field = missing[0][0]
         self.fix = "; ".join(f"{f}: {how}" for f, how in missing)
-        super().__init__(f"{len(missing)} input(s) missing: " + ", ".join(f for f, _ in missing))
+        super().__init__(f"{len(missing)} input(s) missing or inconsistent: " + ", ".join(f for f, _ in missing)
+                         + ("" if len(missing) > 1 or "--" in missing[0][1][:2] else f" ({missing[0][1]})"))
 
 
 def _gpu(req: EstimateRequest) -> hw.GpuPreset | None:
@@ -51,7 +52,7 @@ def resolve(req: EstimateRequest) -> EstimateRequest:
     if req.micro_batches is None:
         m, why = micro_batches_from(req.global_batch, req.micro_batch_size, req.dp)
         if why:
-            missing.append(("micro_batches", f"--micro-batches, or {why}"))
+            missing.append(("micro_batches", f"{why}; or give --micro-batches"))
         upd["micro_batches"] = m or 1
     if req.gpus_per_node is None:
         upd["gpus_per_node"] = gpu.nvlink_domain if gpu else 8
