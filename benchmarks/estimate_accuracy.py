@@ -132,7 +132,7 @@ def our_rows() -> list[dict]:
             best[key] = (none, s["none"].step_ms / PAIRS)
         preds.append((path, data, preset, rows, s, key, fabric, a2a))
     out = []
-    for path, data, preset, rows, s, key, fabric, a2a in preds:
+    for path, _data, preset, rows, s, key, fabric, a2a in preds:
         base, base_pred = best[key]
         for sched in ("1f1b", "1f1b+wgrad"):
             if sched not in rows:

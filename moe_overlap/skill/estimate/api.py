@@ -20,8 +20,8 @@ from pydantic import ValidationError
 
 from moe_overlap.skill.estimate import costs
 from moe_overlap.skill.estimate import hardware as hw
+from moe_overlap.skill.estimate.decide import NEGLIGIBLE_SPEEDUP, recommend
 from moe_overlap.skill.estimate.host import floor_ms, host_bound_note
-from moe_overlap.skill.estimate.resolve import MissingInputs, resolve
 from moe_overlap.skill.estimate.model import (
     BYTES,
     Calibration,
@@ -33,7 +33,7 @@ from moe_overlap.skill.estimate.model import (
     ScheduleEstimate,
 )
 from moe_overlap.skill.estimate.models import MODELS, model_preset
-from moe_overlap.skill.estimate.decide import NEGLIGIBLE_SPEEDUP, recommend
+from moe_overlap.skill.estimate.resolve import MissingInputs, resolve
 from moe_overlap.skill.estimate.timeline import (
     NodeTimes,
     TimelineTooLong,
@@ -42,8 +42,8 @@ from moe_overlap.skill.estimate.timeline import (
     one_f_one_b_timeline,
 )
 
-__all__ = ["NEGLIGIBLE_SPEEDUP", "Calibration", "EstimateError", "EstimateRequest", "EstimateResult", "estimate_overlap_benefit",
-           "parse_request"]
+__all__ = ["NEGLIGIBLE_SPEEDUP", "Calibration", "EstimateError", "EstimateRequest", "EstimateResult",
+           "estimate_overlap_benefit", "parse_request"]
 
 class EstimateError(ValueError):
     """A bad request: names the field and the fix."""
@@ -361,7 +361,7 @@ def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
     lo_h, hi_h = costs.BAND["host_excess"]
     low = schedules(req, h, nodes, h.overlap_efficiency * lo_e, lo_h)
     high = schedules(req, h, nodes, min(1.0, h.overlap_efficiency * hi_e), hi_h)
-    for s, a, b in zip(out, low, high):
+    for s, a, b in zip(out, low, high, strict=True):
         s.speedup_low, s.speedup_high = min(a.speedup, s.speedup), max(b.speedup, s.speedup)
     host_note = host_bound_note(h.host_ms, layer_timeline(nodes, 1).serial) if h.host_ms else None
     return recommend(req, h, p, out, nodes, host_note)

@@ -79,7 +79,7 @@ def recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer, scheds: li
     elif best.speedup < NEGLIGIBLE_SPEEDUP:
         decision = "gain likely negligible"
         reasons.append(f"best predicted speedup {best.speedup:.3f}x ({best.name}, band {band}) is below "
-                       f"{NEGLIGIBLE_SPEEDUP:.2f}x: the run is light on communication, compute-bound or host-bound")
+                       f"{NEGLIGIBLE_SPEEDUP:.2f}x: the run is light on communication or compute-bound")
     elif best.speedup_low < 1.0:
         decision = "measure first"
         reasons.append(f"predicted {best.speedup:.2f}x with {best.name}, but the band of the model's own "
