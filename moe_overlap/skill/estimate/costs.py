@@ -32,10 +32,10 @@ COPY_ENGINE_SOURCE = ("copy-engine all-to-all on two H200s, median of three shap
 SINGLE_QUEUE_FACTOR = 0.5
 
 # Host issue cost per op: our EP-2 layer issues about 370 host ops per forward + backward (docs/benchmarks.md,
-# "Where the time goes at EP 2") in a median 6.0 ms (host_ms of the no-overlap rows of the 26 committed two-H200
-# layer runs at the three NVLink shapes, benchmarks/results/h200x2_2026-11-29_r3..r5; tests/unit/
-# test_estimate_costs.py recomputes it): 16 us per op on that host (Python, PyTorch eager).
-HOST_US_PER_OP = 16.0
+# "Where the time goes at EP 2") in a median 6.21 ms (host_ms of the 30 no-overlap rows that record it: the
+# three NVLink shapes of the ten NVLink layer runs in benchmarks/results/h200x2_2026-11-29_r3..r5;
+# tests/unit/test_estimate_costs.py recomputes it): 16.8 us per op on that host (Python, PyTorch eager).
+HOST_US_PER_OP = 16.8
 OPS_PER_LAYER = 370  # ours, which issues its expert GEMMs as one grouped launch each
 OPS_PER_LOCAL_EXPERT = 6  # one GEMM launch per expert: fc1 and fc2 x forward, dgrad, wgrad
 
