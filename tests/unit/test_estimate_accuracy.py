@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moe_overlap.skill.estimate.api import EstimateError, estimate_overlap_benefit, parse_request
 
@@ -66,7 +68,18 @@ def test_delayed_wgrad_differs_where_it_moves():
                                                 "micro_batches": 8}))
     s = {x.name: x for x in r.schedules}
     assert s["1f1b+wgrad"].step_ms != s["1f1b"].step_ms
-    assert any(x.startswith("delayed wgrad moves") for x in r.reasons)
+    assert any(x.startswith("delayed wgrad moves the critical path") for x in r.reasons)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([2, 4, 8, 16]), st.sampled_from([2, 8, 64]), st.sampled_from(["qwen3-30b-a3b", "deepseek-v3",
+       "qwen3-next-80b-a3b"]), st.sampled_from(["h100", "b200"]), st.booleans())
+def test_delayed_wgrad_changes_the_prediction_exactly_when_it_moves_the_critical_path(ep, m, model, gpu, host):
+    r = estimate_overlap_benefit(parse_request({"model": model, "ep": ep, "gpu_preset": gpu, "micro_batches": m,
+                                                "megatron_host": host}))
+    s = {x.name: x for x in r.schedules}
+    says_moves = any(x.startswith("delayed wgrad moves the critical path") for x in r.reasons)
+    assert says_moves == (s["1f1b+wgrad"].step_ms != pytest.approx(s["1f1b"].step_ms, rel=1e-9))
 
 
 def test_chunked_not_shown_and_use_only_outside_a_slowdown_band():

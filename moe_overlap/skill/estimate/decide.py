@@ -44,12 +44,13 @@ def _wgrad_reason(req: EstimateRequest, nodes: NodeTimes, plain: ScheduleEstimat
     if req.micro_batches < 2:
         return "delayed wgrad: nothing moves with one micro-batch"
     if abs(delta) <= 1e-9 * max(1.0, plain.step_ms):
-        return (f"delayed wgrad moves {moved:.1f} ms of expert wgrad per step beside the backward dispatch, and the "
-                "step does not change: the comm stream (or the host) sets the pace either way; it costs "
-                f"memory (the wgrad's inputs live longer) and a {host}")
+        return (f"delayed wgrad moves nothing on this step's critical path: its {moved:.1f} ms of expert wgrad per "
+                "step would run beside the backward dispatch, but the comm stream sets the pace either way and its "
+                f"{host} stays under the GPU time; it costs memory (the wgrad's inputs live longer)")
     verb = "saves" if delta > 0 else "costs"
-    return (f"delayed wgrad moves {moved:.1f} ms of expert wgrad per step beside the backward dispatch and {verb} "
-            f"{abs(delta):.1f} ms ({wgrad.speedup / plain.speedup - 1:+.1%} against 1f1b); cost counted: {host}")
+    return (f"delayed wgrad moves the critical path: {moved:.1f} ms of expert wgrad per step run beside the backward "
+            f"dispatch; it {verb} {abs(delta):.1f} ms ({wgrad.speedup / plain.speedup - 1:+.1%} against 1f1b), "
+            f"with its {host} counted")
 
 
 def recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer, scheds: list[ScheduleEstimate],
