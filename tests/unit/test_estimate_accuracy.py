@@ -92,3 +92,21 @@ def test_chunked_not_shown_and_use_only_outside_a_slowdown_band():
             assert best.speedup_low >= 1.0
         else:
             assert r.measure_next
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([2, 4, 8, 16, 32]), st.integers(1, 64), st.sampled_from(["qwen3-30b-a3b", "deepseek-v3",
+       "qwen3-235b-a22b", "mixtral-8x7b"]), st.sampled_from(["h100", "h200", "b200", "gb200"]),
+       st.sampled_from(["alltoall", "deepep", "hybridep"]), st.sampled_from([None, 1, 32]))
+def test_never_use_where_the_band_includes_a_slowdown(ep, m, model, gpu, dispatcher, cdmc):
+    experts = {"mixtral-8x7b": 8}.get(model, 128 if "qwen" in model else 256)
+    if experts % ep:
+        return
+    r = estimate_overlap_benefit(parse_request({"model": model, "ep": ep, "gpu_preset": gpu, "micro_batches": m,
+                                                "dispatcher": dispatcher, "cuda_device_max_connections": cdmc}))
+    best = next(s for s in r.schedules if s.name == r.recommended_schedule)
+    assert best.speedup_low <= best.speedup <= best.speedup_high
+    if r.recommendation == "use":
+        assert best.speedup_low >= 1.0 and not r.measure_next
+    else:
+        assert r.measure_next and any("verify" in x for x in r.measure_next)
