@@ -18,7 +18,7 @@ _FIELDS = {
     "micro_batch_size": "micro_batch_size", "dp": "dp", "dispatcher": "dispatcher",
     "cuda_device_max_connections": "cuda_device_max_connections", "a2a_engine": "a2a_engine",
     "recompute": "recompute", "pp": "pp", "vpp": "vpp",
-    "baseline_step_ms": "baseline_step_ms",
+    "baseline_step_ms": "baseline_step_ms", "ep_stride": "ep_stride",
 }
 
 
@@ -50,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layers", type=int, help="MoE layers (default 1)")
     g.add_argument("--gpus-per-node", type=int, help="GPUs per node (NVLink domain) the EP group is packed into "
                    "(default: the --gpu-preset's, else 8)")
+    g.add_argument("--ep-stride", type=int, help="GPUs between consecutive ranks of an EP group (TP x CP with "
+                   "Megatron-Core's default rank order; default 1: the group packed into nodes)")
     g.add_argument("--precision", choices=["bf16", "fp16", "fp32"])
     h = p.add_argument_group("hardware")
     h.add_argument("--fabric", help="link presets joined by '+': " + ", ".join(sorted(LINKS))

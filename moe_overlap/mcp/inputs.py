@@ -211,19 +211,19 @@ class EstimateInput(EstimateRequest):
     megatron_host: SkipJsonSchema[bool] = True
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_schema_text({
         "model": "preset", "hidden": "D (or model)", "moe_ffn": "F (or model)",
-        "experts": "E (or model)", "topk": "K (or model)", "tokens": "per micro-batch (default model seq x MBS)", "seq_length": "attention sequence",
-        "micro_batches": "per DP rank (or GBS, MBS, DP)",
+        "experts": "E (or model)", "topk": "K (or model)", "tokens": "per micro-batch", "seq_length": "attention sequence",
+        "micro_batches": "per DP rank",
         "gpus_per_node": "NVLink domain",
-        "fabric": "intra[+inter] (default: GPU's)",
+        "fabric": "intra[+inter]",
         "intra_gbps": "intra-node GB/s", "inter_gbps": "inter-node GB/s", "a2a_efficiency": "of link GB/s",
         "gpu_preset": "GPU (else tflops)", "mem_gbps": "memory-bound GB/s",
-        "hbm_efficiency": "of HBM peak: number or per pass",
+        "hbm_efficiency": "HBM share(s)",
         "hbm_gbps": "HBM peak GB/s", "attn_ms": "attention fwd ms",
         "overhead_ms": "fixed ms per layer", "host_ms": "host ms per layer (floor)",
         "other_ms": "ms outside layers", "overlap_efficiency": "0..1", "calibration": "measured",
         "global_batch": "GBS", "micro_batch_size": "MBS", "dp": "DP", "dispatcher": "backend",
         "cuda_device_max_connections": "1: serial", "a2a_engine": "byte mover", "recompute": "full: exposed",
-        "pp": "PP", "vpp": "VPP", "baseline_step_ms": "measured, no overlap", "layers": "MoE layers",
+        "pp": "PP", "vpp": "VPP", "ep_stride": "TP x CP", "baseline_step_ms": "measured, no overlap", "layers": "MoE layers",
         "precision": "dtype", "tflops": "expert GEMM TFLOP/s", "dense_tflops": "dense TFLOP/s", "ep": "EP",
     }, [{"model": "qwen3-30b-a3b", "ep": 8, "gpu_preset": "h100", "global_batch": 1024, "dp": 16}]))
 

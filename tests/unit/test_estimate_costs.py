@@ -53,3 +53,11 @@ def test_blackwell_presets_cite_their_datasheets(name, peak):
     r = estimate_overlap_benefit(parse_request({"model": "qwen3-30b-a3b", "ep": 8, "gpu_preset": name,
                                                 "micro_batches": 8}))
     assert r.request.fabric == gpu.default_fabric
+
+
+def test_ep_placement_moves_traffic_off_the_node():
+    base = dict(model="qwen3-30b-a3b", gpu_preset="h100", ep=8, micro_batches=8)
+    packed = estimate_overlap_benefit(parse_request(base))
+    spread = estimate_overlap_benefit(parse_request(dict(base, ep_stride=2)))  # TP 2: 4 EP ranks per node
+    assert packed.per_layer.a2a_inter_bytes == 0 and spread.per_layer.a2a_inter_bytes > 0
+    assert spread.per_layer.a2a_ms > packed.per_layer.a2a_ms

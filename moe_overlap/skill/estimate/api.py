@@ -31,6 +31,7 @@ from moe_overlap.skill.estimate.model import (
     PerLayer,
     ResolvedHardware,
     ScheduleEstimate,
+    ep_per_node,
 )
 from moe_overlap.skill.estimate.models import MODELS, model_preset
 from moe_overlap.skill.estimate.resolve import MissingInputs, resolve
@@ -67,9 +68,11 @@ def check_request(req: EstimateRequest) -> EstimateRequest:
     if req.experts % req.ep:
         raise EstimateError("ep", f"EP {req.ep} does not divide the {req.experts} experts",
                             "choose an EP degree that divides experts (rule ep-divides-experts)")
-    if req.ep > req.gpus_per_node and req.ep % req.gpus_per_node:
-        raise EstimateError("gpus_per_node", f"EP {req.ep} spans nodes but is not a multiple of "
-                            f"{req.gpus_per_node} GPUs per node", "use whole nodes for an EP group")
+    per_node = ep_per_node(req)
+    if req.ep > per_node and req.ep % per_node:
+        raise EstimateError("gpus_per_node", f"EP {req.ep} spans nodes but is not a multiple of the {per_node} "
+                            f"EP ranks per node ({req.gpus_per_node} GPUs per node, stride {req.ep_stride})",
+                            "use whole nodes for an EP group")
     return req
 
 
@@ -120,7 +123,7 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
         raise EstimateError("fabric", "no intra-node bandwidth", "pass fabric (e.g. h100-nvlink+ib-400g), "
                             "intra_gbps, or a calibration", choices=sorted(hw.LINKS))
     if multi_node and inter_gbps is None:
-        raise EstimateError("fabric", f"EP {req.ep} spans more than one node of {req.gpus_per_node} GPUs but no "
+        raise EstimateError("fabric", f"EP {req.ep} spans more than one node ({ep_per_node(req)} EP ranks per node) but no "
                             "inter-node bandwidth is given", "add an inter-node preset (+ib-400g) or inter_gbps",
                             choices=sorted(hw.LINKS))
     gpu = None
@@ -225,7 +228,7 @@ def _per_layer(req: EstimateRequest, h: ResolvedHardware) -> PerLayer:
     b = BYTES[req.precision]
     d, f, n = req.hidden, req.moe_ffn, req.ep
     routed = req.tokens * req.topk
-    node = min(n, req.gpus_per_node)
+    node = min(n, ep_per_node(req))
     sent = routed * d * b
     intra_bytes = sent * (node - 1) / n
     inter_bytes = sent * (n - node) / n
@@ -340,7 +343,7 @@ def chunked_step_ms(req: EstimateRequest) -> float:
     """The in-layer chunked schedule's step (ms), for the CPU benchmark only (benchmarks/estimate_vs_measured.py):
     not part of the result, whose reasons say why (measured slower than none on NVLink, docs/estimate.md)."""
     req = check_request(req)
-    h = _hardware(req, req.ep > req.gpus_per_node)
+    h = _hardware(req, req.ep > ep_per_node(req))
     nodes = _nodes(_per_layer(req, h))
     ch = layer_timeline(nodes, req.chunks, req.chunk_backward)
     ms, _ = floor_ms(blend(ch, h.overlap_efficiency) * req.micro_batches * req.layers, h.host_ms, "chunked",
@@ -352,7 +355,7 @@ def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
     """Predict step times without overlap, with ``1f1b`` and ``1f1b+wgrad`` (each with its uncertainty band),
     and recommend."""
     req = check_request(req)
-    multi_node = req.ep > req.gpus_per_node
+    multi_node = req.ep > ep_per_node(req)
     h = _hardware(req, multi_node)
     p = _per_layer(req, h)
     nodes = _nodes(p)

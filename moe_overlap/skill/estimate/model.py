@@ -122,6 +122,9 @@ class EstimateRequest(BaseModel):
     gpus_per_node: int | None = Field(None, gt=0, le=MAX_EXPERTS, description="GPUs per node (NVLink domain) "
                                       "that the EP group is packed into (sets the intra/inter-node split); "
                                       "default: the gpu_preset's NVLink domain, else 8")
+    ep_stride: int = Field(1, gt=0, le=MAX_EXPERTS, description="GPUs between consecutive ranks of one EP group "
+                           "(the EP group's placement): TP x CP with Megatron-Core's default rank order "
+                           "tp-cp-ep-dp-pp, so gpus_per_node / ep_stride EP ranks share a node")
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fabric: str | None = Field(None, max_length=200, description="link presets, e.g. 'h100-nvlink+ib-400g'")
     intra_gbps: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="intra-node GB/s per GPU per direction (overrides fabric)")
@@ -191,6 +194,11 @@ class EstimateRequest(BaseModel):
             if "layers" not in self.model_fields_set:
                 self.layers = p.layers
         return self
+
+
+def ep_per_node(req: EstimateRequest) -> int:
+    """EP ranks that share one node (NVLink domain) given the group's placement."""
+    return max(1, (req.gpus_per_node or 8) // req.ep_stride)
 
 
 class ResolvedHardware(BaseModel):

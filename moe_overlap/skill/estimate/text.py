@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from moe_overlap.skill.estimate.model import EstimateRequest, EstimateResult, ResolvedHardware
+from moe_overlap.skill.estimate.model import EstimateRequest, EstimateResult, ResolvedHardware, ep_per_node
 
 
 def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
-    node = min(req.ep, req.gpus_per_node)
+    node = min(req.ep, ep_per_node(req))
     out = [
         "balanced routing: every rank sends and receives tokens*topk routed tokens per all-to-all, "
         "spread uniformly over the EP ranks (real routers are uneven: the slowest rank sets the pace)",
