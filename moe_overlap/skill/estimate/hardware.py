@@ -121,14 +121,16 @@ GPUS: dict[str, GpuPreset] = {
         # (642.6 / 989 = 0.65 at the DeepSeek-V3 shape, 803.9 / 989 dense) applied to the Blackwell datasheet
         # peak; memory the H200's device-copy share of HBM (4258 / 4800) applied to 8 TB/s. Derived, not measured.
         GpuPreset("b200", 642.6 / 989 * 2250, 803.9 / 989 * 2250, 4258.2 / 4800 * 8000,
-                  "derived, not measured: NVIDIA HGX B200 datasheet (per GPU 2.25 PFLOPS dense FP16/BF16 tensor core, "
-                  "8 TB/s HBM3e, NVLink 5 1.8 TB/s) x the H200's measured shares of its own peaks "
+                  "derived, not measured: NVIDIA HGX B200 specifications (nvidia.com/en-us/data-center/hgx: 8 GPUs, "
+                  "36 PFLOPS FP16/BF16 tensor core with sparsity = 2.25 PFLOPS dense per GPU, 64 TB/s HBM3e = 8 TB/s "
+                  "per GPU, NVLink 5 1.8 TB/s per GPU) x the H200's measured shares of its own peaks "
                   f"({_H200_FILE}: grouped expert GEMM 642.6 and dense 803.9 of 989 TFLOP/s, device copy 4258 of "
                   "4800 GB/s)", hbm_gbps=8000.0, hbm_source="NVIDIA HGX B200 datasheet: 8 TB/s HBM3e per GPU",
                   device_names=("NVIDIA B200",), default_fabric="b200-nvlink+ib-400g"),
         GpuPreset("gb200", 642.6 / 989 * 2500, 803.9 / 989 * 2500, 4258.2 / 4800 * 8000,
-                  "derived, not measured: NVIDIA GB200 NVL72 datasheet (per GPU 2.5 PFLOPS dense FP16/BF16 tensor "
-                  "core = 180 PFLOPS / 72, 8 TB/s HBM3e, NVLink 5 1.8 TB/s in one 72-GPU NVLink domain) x the "
+                  "derived, not measured: NVIDIA GB200 NVL72 specifications (nvidia.com/en-us/data-center/gb200-nvl72: "
+                  "360 PFLOPS FP16/BF16 tensor core with sparsity over 72 GPUs = 2.5 PFLOPS dense per GPU, 576 TB/s "
+                  "HBM3e = 8 TB/s per GPU, NVLink 5 130 TB/s = 1.8 TB/s per GPU in one 72-GPU domain) x the "
                   f"H200's measured shares of its own peaks ({_H200_FILE})", hbm_gbps=8000.0,
                   hbm_source="NVIDIA GB200 NVL72 datasheet: 8 TB/s HBM3e per GPU", device_names=("NVIDIA GB200",),
                   default_fabric="gb200-nvlink+ib-400g", nvlink_domain=72),
