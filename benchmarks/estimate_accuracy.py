@@ -20,7 +20,8 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+# the repository root wherever benchmarks/ puts this file (it may move into a subfolder)
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 sys.path.insert(0, str(ROOT))
 
 from moe_overlap.skill.estimate.api import estimate_overlap_benefit, parse_request  # noqa: E402
@@ -94,7 +95,8 @@ def _call(path: Path) -> str:
 
 
 def _files() -> list[Path]:
-    return sorted(Path(p) for p in glob.glob(str(ROOT / "benchmarks/results/h200x2_2026-11-29_r[345]/*ep_overlap*.json")))
+    return sorted(Path(p) for p in glob.glob(str(ROOT / "benchmarks/**/h200x2_2026-11-29_r[345]/*ep_overlap*.json"),
+                                             recursive=True))
 
 
 def _request(shape: dict, world: int, fabric: str, a2a: str, preset_rows: dict, alone: dict) -> dict:
