@@ -221,7 +221,9 @@ def our_rows(files: list[str]) -> list[dict]:
     for label, world, fabric, transport, found in _ours(files):
         link = "h200-nvlink" if fabric == "native" else "h200-nvlink+ib-400g"
         for preset, (none, pair, a2a, experts, host, host_src) in found.items():
-            shape = dict(LAYER_SHAPES[preset], tokens=4096, ep=world, gpus_per_node=8 if fabric == "native" else 1)
+            # our layer: no Megatron-Core op-count host estimate (its own host time is the floor when recorded)
+            shape = dict(LAYER_SHAPES[preset], tokens=4096, ep=world, gpus_per_node=8 if fabric == "native" else 1,
+                         megatron_host=False)
             if fabric != "native" and world > 1:
                 shape["gpus_per_node"] = 1  # emulated network: every peer is "another node"
             plain = _est(**shape, fabric=link, gpu_preset="h200", micro_batches=PAIRS)

@@ -14,7 +14,11 @@ _FIELDS = {
     "a2a_efficiency": "a2a_efficiency", "gpu_preset": "gpu_preset", "tflops": "tflops",
     "dense_tflops": "dense_tflops", "mem_gbps": "mem_gbps", "attn_ms": "attn_ms", "other_ms": "other_ms", "host_ms": "host_ms",
     "chunks": "chunks", "overlap_efficiency": "overlap_efficiency", "model": "model", "seq_length": "seq_length",
-    "hbm_efficiency": "hbm_efficiency", "hbm_gbps": "hbm_gbps",
+    "hbm_efficiency": "hbm_efficiency", "hbm_gbps": "hbm_gbps", "global_batch": "global_batch",
+    "micro_batch_size": "micro_batch_size", "dp": "dp", "dispatcher": "dispatcher",
+    "cuda_device_max_connections": "cuda_device_max_connections", "a2a_engine": "a2a_engine",
+    "recompute": "recompute", "pp": "pp", "vpp": "vpp",
+    "baseline_step_ms": "baseline_step_ms", "ep_stride": "ep_stride",
 }
 
 
@@ -30,15 +34,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-ffn", type=int, help="expert FFN size F (required without --model)")
     g.add_argument("--experts", type=int, help="routed experts E (required without --model)")
     g.add_argument("--topk", type=int, help="experts per token K (required without --model)")
-    g.add_argument("--tokens", type=int, required=True, help="tokens per rank per micro-batch (seq x mbs)")
+    g.add_argument("--tokens", type=int, help="tokens per rank per micro-batch (seq x mbs; default: the --model's "
+                   "sequence length x --micro-batch-size)")
     g.add_argument("--seq-length", type=int, help="sequence length for a model preset's attention (default --tokens)")
-    g.add_argument("--ep", type=int, required=True, help="expert-parallel degree")
-    g.add_argument("--micro-batches", type=int, help="micro-batches per step (1f1b needs >= 2; default 1)")
+    g.add_argument("--ep", type=int, help="expert-parallel degree (required)")
+    g.add_argument("--micro-batches", type=int, help="micro-batches per step and DP rank (1f1b needs >= 2; "
+                   "default: --global-batch / (--micro-batch-size x --dp), else 1)")
+    g.add_argument("--global-batch", type=int, help="global batch size (sequences)")
+    g.add_argument("--micro-batch-size", type=int, help="sequences per micro-batch (default 1)")
+    g.add_argument("--dp", type=int, help="data-parallel size")
+    g.add_argument("--pp", type=int, help="pipeline-parallel size (its bubble is never hidden; default 1)")
+    g.add_argument("--vpp", type=int, help="virtual pipeline stages per rank (default 1)")
+    g.add_argument("--recompute", choices=["none", "full"], help="full: per-layer full recompute (its forward "
+                   "replay and its all-to-alls are not overlapped)")
     g.add_argument("--layers", type=int, help="MoE layers (default 1)")
-    g.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 8)")
+    g.add_argument("--gpus-per-node", type=int, help="GPUs per node (NVLink domain) the EP group is packed into "
+                   "(default: the --gpu-preset's, else 8)")
+    g.add_argument("--ep-stride", type=int, help="GPUs between consecutive ranks of an EP group (TP x CP with "
+                   "Megatron-Core's default rank order; default 1: the group packed into nodes)")
     g.add_argument("--precision", choices=["bf16", "fp16", "fp32"])
     h = p.add_argument_group("hardware")
-    h.add_argument("--fabric", help="link presets joined by '+': " + ", ".join(sorted(LINKS)))
+    h.add_argument("--fabric", help="link presets joined by '+': " + ", ".join(sorted(LINKS))
+                   + " (default: the --gpu-preset's usual system)")
+    h.add_argument("--dispatcher", choices=["alltoall", "deepep", "hybridep"], help="token dispatcher: alltoall, "
+                   "or flex with DeepEP / HybridEP (their published bandwidths)")
+    h.add_argument("--cuda-device-max-connections", type=int, help="CUDA_DEVICE_MAX_CONNECTIONS of the job "
+                   "(1 serialises the streams: the overlap hides about half as much)")
+    h.add_argument("--a2a-engine", choices=["sm", "copy-engine"], help="what moves the all-to-all bytes "
+                   "(default sm: NCCL, DeepEP, HybridEP kernels)")
     h.add_argument("--intra-gbps", type=float, help="intra-node GB/s per GPU per direction")
     h.add_argument("--inter-gbps", type=float, help="inter-node GB/s per GPU per direction")
     h.add_argument("--link-gbps", type=float, help="one GB/s for both levels (sets --intra-gbps and --inter-gbps)")
@@ -64,6 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--calibrate-backend", choices=["gloo", "nccl"], help="default: nccl on CUDA, else gloo")
     o = p.add_argument_group("model")
     o.add_argument("--attn-ms", type=float, help="attention/dense forward ms per layer and micro-batch")
+    o.add_argument("--baseline-step-ms", type=float, help="your job's measured step time without overlap: what "
+                   "the model leaves out of it is added to every schedule, never hidden")
     o.add_argument("--other-ms", type=float, help="ms per step outside the layers (optimizer, ...)")
     o.add_argument("--host-ms", type=float, help="host issue time of one layer's forward + backward per "
                    "micro-batch, no overlap (measured): no schedule is predicted faster than its host time")

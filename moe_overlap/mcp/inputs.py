@@ -206,27 +206,28 @@ class EstimateInput(EstimateRequest):
     calibration: Annotated[Any, WithJsonSchema({"type": "object"})] = None
     # The request model's validator turns a number or an object into the shares; the published schema stays short.
     hbm_efficiency: Annotated[Any, WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "object"}]})] = None
+    # Accepted, not published: the chunked schedule is no longer predicted (its timeline serves the CPU benchmark),
+    # and the op-count host estimate is on unless a benchmark of our own layer turns it off.
+    chunks: SkipJsonSchema[int] = 4
+    chunk_backward: SkipJsonSchema[bool] = True
+    megatron_host: SkipJsonSchema[bool] = True
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_schema_text({
-        "model": "model preset: sets hidden, moe_ffn, experts, topk, layers, attn_ms unless given",
-        "hidden": "hidden size D (or model)", "moe_ffn": "expert FFN size F (or model)", "experts": "routed "
-        "experts E (or model)", "topk": "experts per token K (or model)", "tokens": "tokens per rank per "
-        "micro-batch (seq x mbs)", "seq_length": "sequence length (model's attention; default tokens)",
-        "ep": "EP degree",
-        "micro_batches": "per step (1f1b needs >= 2)", "layers": "MoE layers", "gpus_per_node": "GPUs per node",
-        "precision": "training precision", "fabric": "link presets: intra, inter or intra+inter",
-        "intra_gbps": "intra-node GB/s per GPU and direction", "inter_gbps": "inter-node GB/s per GPU and "
-        "direction", "a2a_efficiency": "achieved share of link bandwidth",
-        "gpu_preset": "measured GEMM/memory rates (else tflops)", "tflops": "expert GEMM TFLOP/s",
-        "dense_tflops": "dense GEMM TFLOP/s", "mem_gbps": "memory-bound kernel GB/s",
-        "hbm_efficiency": "memory-bound passes' share of HBM peak: a number, or {gather, sort, activation, wgrad}",
-        "hbm_gbps": "HBM peak GB/s (default: gpu_preset's)", "attn_ms": "attention "
-        "forward ms per layer and micro-batch", "overhead_ms": "host ms per layer and micro-batch",
-        "host_ms": "host issue ms of one layer fwd+bwd (no overlap): floor of every schedule",
-        "other_ms": "ms per step outside the layers", "chunks": "chunks of the chunked schedule",
-        "chunk_backward": "chunk the backward too", "overlap_efficiency": "1: overlap hides comm fully; 0: not "
-        "at all", "calibration": "measured rates: request.calibration of a calibrated estimate",
-    }, [{"model": "qwen3-30b-a3b", "tokens": 4096, "ep": 8, "micro_batches": 4, "fabric": "h100-nvlink+ib-400g",
-         "gpu_preset": "h100"}]))
+        "model": "preset", "hidden": "D (or model)", "moe_ffn": "F (or model)",
+        "experts": "E (or model)", "topk": "K (or model)", "tokens": "per micro-batch", "seq_length": "attention sequence",
+        "micro_batches": "per DP rank",
+        "gpus_per_node": "NVLink domain",
+        "fabric": "intra[+inter]",
+        "intra_gbps": "intra-node GB/s", "inter_gbps": "inter-node GB/s", "a2a_efficiency": "of link GB/s",
+        "gpu_preset": "GPU (else tflops)", "mem_gbps": "memory-bound GB/s",
+        "hbm_efficiency": "HBM share(s)",
+        "hbm_gbps": "HBM peak GB/s", "attn_ms": "attention fwd ms",
+        "overhead_ms": "fixed ms per layer", "host_ms": "host ms per layer (floor)",
+        "other_ms": "ms outside layers", "overlap_efficiency": "0..1", "calibration": "measured",
+        "global_batch": "GBS", "micro_batch_size": "MBS", "dp": "DP", "dispatcher": "backend",
+        "cuda_device_max_connections": "1: serial", "a2a_engine": "byte mover", "recompute": "full: exposed",
+        "pp": "PP", "vpp": "VPP", "ep_stride": "TP x CP", "baseline_step_ms": "measured, no overlap", "layers": "MoE layers",
+        "precision": "dtype", "tflops": "expert GEMM TFLOP/s", "dense_tflops": "dense TFLOP/s", "ep": "EP",
+    }, [{"model": "qwen3-30b-a3b", "ep": 8, "gpu_preset": "h100", "global_batch": 1024, "dp": 16}]))
 
     @field_validator("calibration", mode="after")
     @classmethod

@@ -17,8 +17,9 @@ from moe_overlap.skill.estimate.text import render_text
 
 ROOT = Path(__file__).resolve().parents[2]
 # Our Qwen3 layer at EP 2 on two H200s: small expert GEMMs, a fast link (the shape of the host-bound row).
+# megatron_host=False: the host time is given explicitly here (or absent: no floor)
 SMALL = dict(model="qwen3-30b-a3b", tokens=4096, ep=2, micro_batches=64, layers=1, fabric="h200-nvlink",
-             gpu_preset="h200")
+             gpu_preset="h200", megatron_host=False)
 
 
 def est(**kw):
@@ -39,7 +40,7 @@ def test_host_bound_layer_gains_nothing_and_says_so():
     assert s["none"].step_ms == pytest.approx(2.0 * gpu_none_layer * 64)
     assert s["1f1b"].speedup == pytest.approx(1 / host.HOST_FACTORS["1f1b"])  # ~0.93x: the pair issues more
     assert s["1f1b+wgrad"].speedup == pytest.approx(1 / host.HOST_FACTORS["1f1b+wgrad"])
-    assert s["chunked"].speedup == pytest.approx(1 / (1 + host.CHUNK_HOST_SHARE * 3))  # 4 chunks
+    assert "chunked" not in s  # not predicted (docs/estimate.md, "chunked")
     assert r.recommendation != "use" and r.predicted_speedup <= 1.0
     assert any(x.startswith("host-bound: overlap cannot help") for x in r.reasons)
     text = render_text(r)

@@ -1,6 +1,8 @@
 """estimate_overlap_benefit: `api.py` is the cost model (expert FLOPs and all-to-all bytes per layer, scheduled
-without and with overlap), `model.py` its request and result models, `hardware.py` the fabric and GPU presets with
-their sources, `timeline.py` the two-stream timelines the schedules are laid out on, and `text.py` the stated
+without and with overlap), `costs.py` what overlap costs beside what it hides (host work, SMs, hardware queues,
+the uncertainty band), `decide.py` the recommendation, `resolve.py` the defaults and the one error naming every
+missing input, `model.py` the request and result models, `hardware.py` the fabric and GPU presets with their
+sources, `timeline.py` the two-stream timelines the schedules are laid out on, and `text.py` the stated
 assumptions and the report for people. The calibration that measures real rates lives in verify/ (it needs torch).
 
 May import: (nothing else in moe_overlap)

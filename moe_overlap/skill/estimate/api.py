@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from moe_overlap.skill.estimate import costs
 from moe_overlap.skill.estimate import hardware as hw
+from moe_overlap.skill.estimate.decide import NEGLIGIBLE_SPEEDUP, recommend
 from moe_overlap.skill.estimate.host import floor_ms, host_bound_note
 from moe_overlap.skill.estimate.model import (
     BYTES,
@@ -29,9 +31,10 @@ from moe_overlap.skill.estimate.model import (
     PerLayer,
     ResolvedHardware,
     ScheduleEstimate,
+    ep_per_node,
 )
 from moe_overlap.skill.estimate.models import MODELS, model_preset
-from moe_overlap.skill.estimate.text import assumptions
+from moe_overlap.skill.estimate.resolve import MissingInputs, resolve
 from moe_overlap.skill.estimate.timeline import (
     NodeTimes,
     TimelineTooLong,
@@ -40,11 +43,8 @@ from moe_overlap.skill.estimate.timeline import (
     one_f_one_b_timeline,
 )
 
-__all__ = ["Calibration", "EstimateError", "EstimateRequest", "EstimateResult", "estimate_overlap_benefit",
-           "parse_request"]
-
-NEGLIGIBLE_SPEEDUP = 1.05  # below a 5% predicted gain the card's "gain likely negligible" applies
-
+__all__ = ["NEGLIGIBLE_SPEEDUP", "Calibration", "EstimateError", "EstimateRequest", "EstimateResult",
+           "estimate_overlap_benefit", "parse_request"]
 
 class EstimateError(ValueError):
     """A bad request: names the field and the fix."""
@@ -54,21 +54,26 @@ class EstimateError(ValueError):
         super().__init__(f"{field}: {message}")
 
 
-def check_request(req: EstimateRequest) -> None:
-    """Cross-field checks (field-level ranges are pydantic's); raises EstimateError naming the field."""
-    for name in ("hidden", "moe_ffn", "experts", "topk"):
-        if getattr(req, name) is None:
-            raise EstimateError(name, "is required unless a model preset gives it",
-                                f"give {name}, or model (one of {', '.join(sorted(MODELS))})", choices=sorted(MODELS))
+def check_request(req: EstimateRequest) -> EstimateRequest:
+    """Defaults filled in (skill/estimate/resolve.py), every missing input named in one error, then the
+    cross-field checks (field-level ranges are pydantic's); raises EstimateError naming the field."""
+    try:
+        req = resolve(req)
+    except MissingInputs as exc:
+        choices = sorted(MODELS) if exc.field in ("hidden", "moe_ffn", "experts", "topk") else None
+        raise EstimateError(exc.field, str(exc), exc.fix, choices=choices) from None
     if req.topk > req.experts:
         raise EstimateError("topk", f"top-k {req.topk} is larger than the number of experts {req.experts}",
                             "set topk <= experts")
     if req.experts % req.ep:
         raise EstimateError("ep", f"EP {req.ep} does not divide the {req.experts} experts",
                             "choose an EP degree that divides experts (rule ep-divides-experts)")
-    if req.ep > req.gpus_per_node and req.ep % req.gpus_per_node:
-        raise EstimateError("gpus_per_node", f"EP {req.ep} spans nodes but is not a multiple of "
-                            f"{req.gpus_per_node} GPUs per node", "use whole nodes for an EP group")
+    per_node = ep_per_node(req)
+    if req.ep > per_node and req.ep % per_node:
+        raise EstimateError("gpus_per_node", f"EP {req.ep} spans nodes but is not a multiple of the {per_node} "
+                            f"EP ranks per node ({req.gpus_per_node} GPUs per node, stride {req.ep_stride})",
+                            "use whole nodes for an EP group")
+    return req
 
 
 def parse_request(data: dict) -> EstimateRequest:
@@ -82,8 +87,7 @@ def parse_request(data: dict) -> EstimateRequest:
         got = got if len(got) <= 80 else got[:77] + "..."
         raise EstimateError(field, f"{err['msg']} (got {got})",
                             f"give '{field}' a valid value; see `moe-overlap estimate --help`") from None
-    check_request(req)
-    return req
+    return check_request(req)
 
 
 def _link(explicit: float | None, preset: hw.LinkPreset | None, cal: Calibration | None, eff: float,
@@ -110,11 +114,16 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
     eff = req.a2a_efficiency or hw.DEFAULT_A2A_EFFICIENCY
     intra_gbps, intra_lat = _link(req.intra_gbps, intra, cal, eff, 15.0)
     inter_gbps, inter_lat = _link(req.inter_gbps, inter, cal, eff, 30.0)
+    backend = costs.BACKENDS[req.dispatcher]
+    if req.dispatcher != "alltoall":  # published achieved rates replace the NCCL estimate (explicit values win)
+        intra_gbps = req.intra_gbps or backend.intra_gbps
+        inter_gbps = req.inter_gbps or (backend.inter_gbps if inter_gbps or multi_node else None)
+        sources.append(f"{backend.name}: {backend.source}")
     if intra_gbps is None:
         raise EstimateError("fabric", "no intra-node bandwidth", "pass fabric (e.g. h100-nvlink+ib-400g), "
                             "intra_gbps, or a calibration", choices=sorted(hw.LINKS))
     if multi_node and inter_gbps is None:
-        raise EstimateError("fabric", f"EP {req.ep} spans more than one node of {req.gpus_per_node} GPUs but no "
+        raise EstimateError("fabric", f"EP {req.ep} spans more than one node ({ep_per_node(req)} EP ranks per node) but no "
                             "inter-node bandwidth is given", "add an inter-node preset (+ib-400g) or inter_gbps",
                             choices=sorted(hw.LINKS))
     gpu = None
@@ -143,6 +152,9 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
     per_elem = cal if cal and not (gpu or req.mem_gbps or mem_eff) else None
     overhead = req.overhead_ms if req.overhead_ms is not None else (cal.overhead_ms if cal else 0.0)
     host_ms = req.host_ms if req.host_ms is not None else (cal.host_ms if cal else None)
+    if host_ms is None and cal is None and req.megatron_host:  # Megatron-Core's layer: its host work from its op count
+        host_ms = costs.host_ms_megatron(req.experts, req.ep)
+        sources.append(costs.host_source(req.experts, req.ep))
     if cal:
         sources.append(f"calibration: {cal.source}")
     return ResolvedHardware(
@@ -175,6 +187,19 @@ def _hbm(req: EstimateRequest, gpu: hw.GpuPreset | None) -> tuple[float | None, 
 
 def _overlap_efficiency(req: EstimateRequest, intra: hw.LinkPreset | None, inter: hw.LinkPreset | None,
                         multi_node: bool) -> dict:
+    """Explicit, else what moves the bytes and the queues (skill/estimate/costs.py) applied to the base."""
+    out = _base_efficiency(req, intra, inter, multi_node)
+    if req.overlap_efficiency is None:
+        eff, why = costs.overlap_efficiency(out["overlap_efficiency"], multi_node=multi_node,
+                                            backend=req.dispatcher, a2a_engine=req.a2a_engine,
+                                            max_connections=req.cuda_device_max_connections)
+        if why:
+            out = {"overlap_efficiency": eff, "efficiency_source": out["efficiency_source"] + "; " + why}
+    return out
+
+
+def _base_efficiency(req: EstimateRequest, intra: hw.LinkPreset | None, inter: hw.LinkPreset | None,
+                     multi_node: bool) -> dict:
     """Explicit, else the link preset that carries the traffic (the inter-node one when EP spans nodes: its
     bandwidth is several times lower, so it sets the all-to-all time), else the calibration, else 1.0."""
     if req.overlap_efficiency is not None:
@@ -203,7 +228,7 @@ def _per_layer(req: EstimateRequest, h: ResolvedHardware) -> PerLayer:
     b = BYTES[req.precision]
     d, f, n = req.hidden, req.moe_ffn, req.ep
     routed = req.tokens * req.topk
-    node = min(n, req.gpus_per_node)
+    node = min(n, ep_per_node(req))
     sent = routed * d * b
     intra_bytes = sent * (node - 1) / n
     inter_bytes = sent * (n - node) / n
@@ -265,31 +290,42 @@ def _nodes(p: PerLayer) -> NodeTimes:
     )
 
 
-def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
-    """Predict step times without overlap, with ``chunked``, ``1f1b`` and ``1f1b+wgrad``, and recommend."""
-    check_request(req)
-    multi_node = req.ep > req.gpus_per_node
-    h = _hardware(req, multi_node)
-    p = _per_layer(req, h)
-    nodes = _nodes(p)
-    eff = h.overlap_efficiency
+def _recompute_ms(n: NodeTimes) -> float:
+    """Full per-layer recompute: the backward replays the layer's forward, its two all-to-alls exposed
+    (Megatron-LM PR 6311: the segment replay's all-to-all is not overlapped)."""
+    return n.pre_f + n.mlp_f + n.post_f + 2 * (n.a2a + n.a2a_latency)
+
+
+def schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff: float,
+              host_excess: float = 1.0) -> list[ScheduleEstimate]:
+    """none, 1f1b and 1f1b+wgrad at overlap efficiency `eff` and host factors' excess scaled by `host_excess`;
+    with baseline_step_ms, what the model leaves out of the measured no-overlap step is added to each."""
+    out = _schedules(req, h, nodes, eff, host_excess, req.other_ms)
+    if req.baseline_step_ms is not None:
+        rest = max(0.0, req.baseline_step_ms - out[0].step_ms)
+        out = _schedules(req, h, nodes, eff, host_excess, req.other_ms + rest)
+    return out
+
+
+def _schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff: float, host_excess: float,
+               other_ms: float) -> list[ScheduleEstimate]:
     m, L = req.micro_batches, req.layers
+    extra = _recompute_ms(nodes) * m * L if req.recompute == "full" else 0.0
+    none_tl = layer_timeline(nodes, 1)
+    # the pipeline's fill and drain: (pp - 1) / (vpp x m) of one no-overlap pass, idle in every schedule
+    bubble = (none_tl.serial * m * L + extra) * (req.pp - 1) / (req.vpp * m)
 
     def sched(name: str, layer_tl_ms: float, compute: float, comm: float, note: str = "",
               available: bool = True) -> ScheduleEstimate:
-        layers_ms, bound = floor_ms(layer_tl_ms, h.host_ms, name, m * L, req.chunks)
+        # one micro-batch: the overlap pairs nothing, so it runs (and issues) what none does
+        layers_ms, bound = floor_ms(layer_tl_ms, h.host_ms, name if m >= 2 else "none", m * L, excess=host_excess)
         if bound:
             note = (note + "; " if note else "") + "host-bound: the step is the host's issue time"
-        return ScheduleEstimate(name=name, step_ms=layers_ms + req.other_ms, compute_ms=compute, comm_ms=comm,
-                                exposed_comm_ms=max(0.0, layer_tl_ms - compute), host_bound=bound,
+        return ScheduleEstimate(name=name, step_ms=layers_ms + extra + bubble + other_ms, compute_ms=compute,
+                                comm_ms=comm, exposed_comm_ms=max(0.0, layer_tl_ms - compute), host_bound=bound,
                                 available=available, note=note)
 
-    none_tl = layer_timeline(nodes, 1)
-    scale = m * L
-    out = [sched("none", none_tl.serial * scale, none_tl.busy["compute"] * scale, none_tl.busy["comm"] * scale)]
-    ch = layer_timeline(nodes, req.chunks, req.chunk_backward)
-    out.append(sched("chunked", blend(ch, eff) * scale, ch.busy["compute"] * scale, ch.busy["comm"] * scale,
-                     f"{req.chunks} token chunks per layer; each adds {p.a2a_latency_ms:.3f} ms latency per all-to-all"))
+    out = [sched("none", none_tl.serial * m * L, none_tl.busy["compute"] * m * L, none_tl.busy["comm"] * m * L)]
     for name, delay in (("1f1b", False), ("1f1b+wgrad", True)):
         try:
             tl = one_f_one_b_timeline(nodes, L, m, delay)
@@ -298,55 +334,37 @@ def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
         note = ("needs >= 2 micro-batches (warning single-micro-batch): same as none" if m < 2 else
                 "first forward and last backward run alone; forward of micro-batch k+1 overlaps backward of k")
         out.append(sched(name, blend(tl, eff), tl.busy["compute"], tl.busy["comm"], note, available=m >= 2))
-    base = out[0].step_ms
     for s in out:
-        s.speedup = base / s.step_ms if s.step_ms > 0 else 1.0
-    host_note = host_bound_note(h.host_ms, none_tl.serial) if h.host_ms else None
-    return _recommend(req, h, p, out, host_note)
+        s.speedup = out[0].step_ms / s.step_ms if s.step_ms > 0 else 1.0
+    return out
 
 
-def _recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer,
-               scheds: list[ScheduleEstimate], host_note: str | None = None) -> EstimateResult:
-    none = scheds[0]
-    comm_share = none.comm_ms / (none.step_ms) if none.step_ms else 0.0
-    megatron = [s for s in scheds if s.name.startswith("1f1b") and s.available]
-    # `chunked` is predicted (informative) but never recommended: measured slower than no overlap on GPU.
-    candidates = megatron or [none]
-    # Candidates are in order of simplicity: a more involved schedule must win by more than 0.1%.
-    top = max(s.speedup for s in candidates)
-    best = next(s for s in candidates if s.speedup >= top * (1 - 1e-3))
-    reasons = [f"all-to-all is {comm_share:.0%} of the step without overlap "
-               f"({p.a2a_ms + p.a2a_latency_ms:.3f} ms per all-to-all, 4 per layer and micro-batch)"]
-    if host_note:
-        reasons.append(host_note)
-    if req.ep == 1:
-        decision = "avoid"
-        reasons.append("EP 1 has no all-to-all to hide (rule ep-size-gt-1)")
-    elif not megatron:
-        decision = "avoid"
-    elif best.speedup < 1.0:
-        decision = "avoid"
-        reasons.append(f"the best schedule ({best.name}) is predicted slower ({best.speedup:.2f}x): "
-                       "chunk or pairing overheads exceed the hidden communication")
-    elif best.speedup < NEGLIGIBLE_SPEEDUP:
-        decision = "gain likely negligible"
-        reasons.append(f"best predicted speedup {best.speedup:.3f}x ({best.name}) is below "
-                       f"{NEGLIGIBLE_SPEEDUP:.2f}x: the run is light on communication or dominated by compute")
-    else:
-        decision = "use"
-        reasons.append(f"predicted speedup {best.speedup:.2f}x with {best.name}")
-    if req.micro_batches < 2:
-        reasons.append("one micro-batch: Megatron-Core's overlap (1f1b) has no second micro-batch to pair "
-                       "with (warning single-micro-batch); use 2 or more micro-batches. The in-layer chunked "
-                       "schedule is not recommended: measured 1.11-2.2x slower than no overlap on one H200 "
-                       "(smaller GEMMs, a gather and twice the host work; docs/benchmarks.md)")
-    if best.name.startswith("1f1b"):
-        reasons.append("1f1b keeps a second micro-batch's activations alive: check memory headroom")
-    if h.overlap_efficiency >= 1.0 and h.efficiency_source.startswith("no link preset"):
-        reasons.append("overlap efficiency 1.0 is an upper bound (comm kernels take SMs/cores in practice); "
-                       "name the fabric, or run with calibrate for this machine's value")
-    return EstimateResult(
-        request=req, hardware=h, per_layer=p, schedules=scheds, comm_share=comm_share,
-        recommended_schedule=best.name, predicted_speedup=best.speedup, recommendation=decision,
-        reasons=reasons, assumptions=assumptions(req, h),
-    )
+def chunked_step_ms(req: EstimateRequest) -> float:
+    """The in-layer chunked schedule's step (ms), for the CPU benchmark only (benchmarks/estimate_vs_measured.py):
+    not part of the result, whose reasons say why (measured slower than none on NVLink, docs/estimate.md)."""
+    req = check_request(req)
+    h = _hardware(req, req.ep > ep_per_node(req))
+    nodes = _nodes(_per_layer(req, h))
+    ch = layer_timeline(nodes, req.chunks, req.chunk_backward)
+    ms, _ = floor_ms(blend(ch, h.overlap_efficiency) * req.micro_batches * req.layers, h.host_ms, "chunked",
+                     req.micro_batches * req.layers, req.chunks)
+    return ms + req.other_ms
+
+
+def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
+    """Predict step times without overlap, with ``1f1b`` and ``1f1b+wgrad`` (each with its uncertainty band),
+    and recommend."""
+    req = check_request(req)
+    multi_node = req.ep > ep_per_node(req)
+    h = _hardware(req, multi_node)
+    p = _per_layer(req, h)
+    nodes = _nodes(p)
+    out = schedules(req, h, nodes, h.overlap_efficiency)
+    lo_e, hi_e = costs.BAND["efficiency"]
+    lo_h, hi_h = costs.BAND["host_excess"]
+    low = schedules(req, h, nodes, h.overlap_efficiency * lo_e, lo_h)
+    high = schedules(req, h, nodes, min(1.0, h.overlap_efficiency * hi_e), hi_h)
+    for s, a, b in zip(out, low, high, strict=True):
+        s.speedup_low, s.speedup_high = min(a.speedup, s.speedup), max(b.speedup, s.speedup)
+    host_note = host_bound_note(h.host_ms, layer_timeline(nodes, 1).serial) if h.host_ms else None
+    return recommend(req, h, p, out, nodes, host_note)

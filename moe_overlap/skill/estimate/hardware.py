@@ -59,6 +59,8 @@ class GpuPreset:
     hbm_gbps: float = 0.0  # HBM peak, GB/s (datasheet): what hbm_efficiency multiplies
     hbm_source: str = ""
     device_names: tuple[str, ...] = ()  # torch.cuda.get_device_name() of this GPU (a measurement's machine.gpu)
+    default_fabric: str = ""  # the fabric of the usual system with this GPU (estimate's default for --fabric)
+    nvlink_domain: int = 8  # GPUs that share one NVLink domain (estimate's default for --gpus-per-node)
 
     def expert_tflops_for(self, model: str | None) -> float:
         return dict(self.by_model).get(model or "", self.expert_tflops)
@@ -77,6 +79,11 @@ LINKS: dict[str, LinkPreset] = {
                    "NVLink 4 as on H100 (NVIDIA H200 SXM datasheet: 900 GB/s bidirectional)", **_NV),
         LinkPreset("b200-nvlink", "intra", 900.0, 15.0,
                    "NVLink 5: 1.8 TB/s bidirectional per GPU (NVIDIA B200 datasheet)",
+                   overlap_efficiency=NVLINK_OVERLAP_EFFICIENCY,
+                   efficiency_source="assumed as on H200 (SM-driven all-to-all); " + EFFICIENCY_SOURCE),
+        LinkPreset("gb200-nvlink", "intra", 900.0, 15.0,
+                   "NVLink 5 in a GB200 NVL72 rack: 1.8 TB/s bidirectional per GPU, one NVLink domain of 72 GPUs "
+                   "(NVIDIA GB200 NVL72 datasheet)",
                    overlap_efficiency=NVLINK_OVERLAP_EFFICIENCY,
                    efficiency_source="assumed as on H200 (SM-driven all-to-all); " + EFFICIENCY_SOURCE),
         LinkPreset("ib-400g", "inter", 50.0, 30.0,
@@ -103,13 +110,30 @@ GPUS: dict[str, GpuPreset] = {
                   "694.4 TFLOP/s at the Qwen3-30B-A3B shape and 642.6 at the DeepSeek-V3 shape (the lower one for "
                   "other shapes), dense bf16 matmul 803.9 TFLOP/s, device copy 4258 GB/s",
                   by_model=tuple(_H200_GEMM.items()), hbm_gbps=4800.0, hbm_source=_H200_HBM,
-                  device_names=("NVIDIA H200",)),
+                  device_names=("NVIDIA H200",), default_fabric="h200-nvlink+ib-400g"),
         GpuPreset("h100", _H200_GEMM["deepseek-v3"], 803.9, 4258.2 * 3.35 / 4.8,
                   f"derived from the H200 measurement ({_H200_FILE}): H100 SXM has the same GH100 compute "
                   "(same SMs and clocks, 989 TFLOP/s dense bf16 peak) so the GEMM rates are kept; memory bandwidth "
                   "is scaled by the HBM ratio 3.35/4.8 TB/s. Not measured on an H100",
                   by_model=tuple(_H200_GEMM.items()), hbm_gbps=3350.0, hbm_source=_H100_HBM,
-                  device_names=("NVIDIA H100 80GB HBM3",)),
+                  device_names=("NVIDIA H100 80GB HBM3",), default_fabric="h100-nvlink+ib-400g"),
+        # Blackwell: no measurement here. The GEMM rates are the H200's measured share of its datasheet peak
+        # (642.6 / 989 = 0.65 at the DeepSeek-V3 shape, 803.9 / 989 dense) applied to the Blackwell datasheet
+        # peak; memory the H200's device-copy share of HBM (4258 / 4800) applied to 8 TB/s. Derived, not measured.
+        GpuPreset("b200", 642.6 / 989 * 2250, 803.9 / 989 * 2250, 4258.2 / 4800 * 8000,
+                  "derived, not measured: NVIDIA HGX B200 specifications (nvidia.com/en-us/data-center/hgx: 8 GPUs, "
+                  "36 PFLOPS FP16/BF16 tensor core with sparsity = 2.25 PFLOPS dense per GPU, 64 TB/s HBM3e = 8 TB/s "
+                  "per GPU, NVLink 5 1.8 TB/s per GPU) x the H200's measured shares of its own peaks "
+                  f"({_H200_FILE}: grouped expert GEMM 642.6 and dense 803.9 of 989 TFLOP/s, device copy 4258 of "
+                  "4800 GB/s)", hbm_gbps=8000.0, hbm_source="NVIDIA HGX B200 datasheet: 8 TB/s HBM3e per GPU",
+                  device_names=("NVIDIA B200",), default_fabric="b200-nvlink+ib-400g"),
+        GpuPreset("gb200", 642.6 / 989 * 2500, 803.9 / 989 * 2500, 4258.2 / 4800 * 8000,
+                  "derived, not measured: NVIDIA GB200 NVL72 specifications (nvidia.com/en-us/data-center/gb200-nvl72: "
+                  "360 PFLOPS FP16/BF16 tensor core with sparsity over 72 GPUs = 2.5 PFLOPS dense per GPU, 576 TB/s "
+                  "HBM3e = 8 TB/s per GPU, NVLink 5 130 TB/s = 1.8 TB/s per GPU in one 72-GPU domain) x the "
+                  f"H200's measured shares of its own peaks ({_H200_FILE})", hbm_gbps=8000.0,
+                  hbm_source="NVIDIA GB200 NVL72 datasheet: 8 TB/s HBM3e per GPU", device_names=("NVIDIA GB200",),
+                  default_fabric="gb200-nvlink+ib-400g", nvlink_domain=72),
     )
 }
 

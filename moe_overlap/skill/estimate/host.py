@@ -31,20 +31,21 @@ CHUNK_HOST_SHARE = 0.54  # recomputed from FACTOR_FILES by a unit test
 HOST_BOUND_SHARE = 0.95  # host time >= 95% of the no-overlap GPU timeline: the host sets the pace
 
 
-def host_factor(schedule: str, chunks: int = 1) -> float:
-    """Host time of one layer (pair) in `schedule` over the no-overlap layer's host time."""
+def host_factor(schedule: str, chunks: int = 1, excess: float = 1.0) -> float:
+    """Host time of one layer (pair) in `schedule` over the no-overlap layer's host time; `excess` scales the
+    part above 1 (the estimator's uncertainty band)."""
     if schedule == "chunked":
-        return 1.0 + CHUNK_HOST_SHARE * (chunks - 1)
-    return HOST_FACTORS[schedule]
+        return 1.0 + CHUNK_HOST_SHARE * (chunks - 1) * excess
+    return 1.0 + (HOST_FACTORS[schedule] - 1.0) * excess
 
 
 def floor_ms(gpu_ms: float, host_ms_per_layer: float | None, schedule: str, layer_steps: int,
-             chunks: int = 1) -> tuple[float, bool]:
+             chunks: int = 1, excess: float = 1.0) -> tuple[float, bool]:
     """(step ms of the layers, host-bound?): the GPU timeline or, when larger, the schedule's host time over
     `layer_steps` = layers x micro-batches."""
     if not host_ms_per_layer:
         return gpu_ms, False
-    host = host_ms_per_layer * host_factor(schedule, chunks) * layer_steps
+    host = host_ms_per_layer * host_factor(schedule, chunks, excess) * layer_steps
     return (host, True) if host > gpu_ms else (gpu_ms, False)
 
 

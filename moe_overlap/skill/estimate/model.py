@@ -93,14 +93,38 @@ class EstimateRequest(BaseModel):
                                 "model is given)")
     topk: int | None = Field(None, gt=0, le=MAX_EXPERTS, description="experts per token K (required unless model is "
                              "given)")
-    tokens: int = Field(gt=0, le=MAX_TOKENS, description="tokens per rank per micro-batch (sequence length x "
-                        "micro-batch size)")
+    tokens: int | None = Field(None, gt=0, le=MAX_TOKENS, description="tokens per rank per micro-batch (sequence "
+                               "length x micro-batch size); default: a model preset's sequence length x "
+                               "micro_batch_size")
     seq_length: int | None = Field(None, gt=0, le=MAX_TOKENS, description="sequence length for a model preset's "
                                    "causal attention (default: tokens, i.e. micro-batch size 1)")
-    ep: int = Field(gt=0, le=MAX_EXPERTS, description="expert-parallel degree N")
-    micro_batches: int = Field(1, gt=0, le=MAX_MICRO_BATCHES, description="micro-batches per step (1f1b needs >= 2)")
+    ep: int | None = Field(None, gt=0, le=MAX_EXPERTS, description="expert-parallel degree N (required)")
+    micro_batches: int | None = Field(None, gt=0, le=MAX_MICRO_BATCHES, description="micro-batches per step and "
+                                      "data-parallel rank (1f1b needs >= 2); default: global_batch / "
+                                      "(micro_batch_size x dp) when those are given, else 1")
+    global_batch: int | None = Field(None, gt=0, le=MAX_TOKENS, description="global batch size in sequences")
+    micro_batch_size: int | None = Field(None, gt=0, le=MAX_TOKENS, description="sequences per micro-batch "
+                                         "(default 1)")
+    dp: int | None = Field(None, gt=0, le=MAX_TOKENS, description="data-parallel size (GPUs / (TP x PP x CP))")
+    dispatcher: Literal["alltoall", "deepep", "hybridep"] = Field(
+        "alltoall", description="token dispatcher: alltoall (NCCL all-to-all), or flex with the DeepEP or "
+        "HybridEP backend (their published bandwidths, skill/estimate/costs.py)")
+    cuda_device_max_connections: int | None = Field(None, ge=1, le=32, description="CUDA_DEVICE_MAX_CONNECTIONS "
+                                                    "of the job (1 puts every stream on one hardware queue)")
+    a2a_engine: Literal["sm", "copy-engine"] = Field("sm", description="what moves the all-to-all bytes: SM "
+                                                     "kernels (NCCL, DeepEP, HybridEP) or copy engines")
+    pp: int = Field(1, gt=0, le=MAX_LAYERS, description="pipeline-parallel size: its bubble, (pp - 1) / (vpp x "
+                    "micro_batches) of the layers' time, is added to every schedule, never hidden")
+    vpp: int = Field(1, gt=0, le=MAX_LAYERS, description="virtual pipeline stages per rank (interleaved schedule)")
+    recompute: Literal["none", "full"] = Field("none", description="full: every layer's forward is recomputed "
+                                               "in its backward (Megatron-LM PR 6311's per-layer recompute)")
     layers: int = Field(1, gt=0, le=MAX_LAYERS, description="MoE layers (step times scale with it)")
-    gpus_per_node: int = Field(8, gt=0, le=MAX_EXPERTS, description="GPUs per node (sets the intra/inter-node split)")
+    gpus_per_node: int | None = Field(None, gt=0, le=MAX_EXPERTS, description="GPUs per node (NVLink domain) "
+                                      "that the EP group is packed into (sets the intra/inter-node split); "
+                                      "default: the gpu_preset's NVLink domain, else 8")
+    ep_stride: int = Field(1, gt=0, le=MAX_EXPERTS, description="GPUs between consecutive ranks of one EP group "
+                           "(the EP group's placement): TP x CP with Megatron-Core's default rank order "
+                           "tp-cp-ep-dp-pp, so gpus_per_node / ep_stride EP ranks share a node")
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fabric: str | None = Field(None, max_length=200, description="link presets, e.g. 'h100-nvlink+ib-400g'")
     intra_gbps: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="intra-node GB/s per GPU per direction (overrides fabric)")
@@ -123,6 +147,12 @@ class EstimateRequest(BaseModel):
     host_ms: float | None = Field(None, gt=0, le=MAX_MS, description="host issue time of one MoE layer's forward + "
                                   "backward per micro-batch without overlap (ms): no schedule is faster than the "
                                   "host issuing it (skill/estimate/host.py); default: the calibration's, else no floor")
+    megatron_host: bool = Field(True, description="without host_ms or a calibration, estimate Megatron-Core's "
+                                "host issue time from its op count (skill/estimate/costs.py); false: no host floor")
+    baseline_step_ms: float | None = Field(None, gt=0, le=MAX_MS * 1000, description="the measured step time of "
+                                           "the job without overlap: what the model leaves out of it (optimizer, "
+                                           "gradient reduction, embedding, loss, uneven routing) is added to every "
+                                           "schedule, never hidden")
     other_ms: float = Field(0.0, ge=0, le=MAX_MS, description="time per step outside the layers, never overlapped")
     chunks: int = Field(4, ge=2, le=MAX_CHUNKS, description="token chunks of the 'chunked' schedule")
     chunk_backward: bool = Field(True, description="the chunked schedule also pipelines the backward pass")
@@ -164,6 +194,11 @@ class EstimateRequest(BaseModel):
             if "layers" not in self.model_fields_set:
                 self.layers = p.layers
         return self
+
+
+def ep_per_node(req: EstimateRequest) -> int:
+    """EP ranks that share one node (NVLink domain) given the group's placement."""
+    return max(1, (req.gpus_per_node or 8) // req.ep_stride)
 
 
 class ResolvedHardware(BaseModel):
@@ -218,13 +253,15 @@ class PerLayer(BaseModel):
 
 
 class ScheduleEstimate(BaseModel):
-    name: Literal["none", "chunked", "1f1b", "1f1b+wgrad"]
+    name: Literal["none", "1f1b", "1f1b+wgrad"]
     step_ms: float
     compute_ms: float = Field(description="busy time of the compute stream")
     comm_ms: float = Field(description="busy time of the comm stream")
     exposed_comm_ms: float = Field(description="GPU timeline time not covered by compute")
     host_bound: bool = Field(False, description="the step is the host's issue time, not the GPU timeline")
     speedup: float = 1.0
+    speedup_low: float = Field(1.0, description="speedup at the pessimistic end of the model's parameters")
+    speedup_high: float = Field(1.0, description="speedup at the optimistic end of the model's parameters")
     available: bool = True
     note: str = ""
 
@@ -237,6 +274,8 @@ class EstimateResult(BaseModel):
     comm_share: float = Field(description="all-to-all share of the step without overlap")
     recommended_schedule: str
     predicted_speedup: float
-    recommendation: Literal["use", "gain likely negligible", "avoid"]
+    recommendation: Literal["use", "measure first", "gain likely negligible", "avoid"]
     reasons: list[str]
+    measure_next: list[str] = Field(default_factory=list, description="what to measure before deciding")
+    memory: str = Field("", description="what the overlap costs in memory")
     assumptions: list[str]

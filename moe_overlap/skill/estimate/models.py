@@ -31,6 +31,8 @@ class ModelPreset:
     v_head_dim: int
     source: str
     note: str = ""
+    seq_length: int = 4096  # the sequence length of the card's anchor runs: estimate's default tokens (x mbs)
+    shared_ffn: int = 0  # shared-expert FFN size (0: none); not modelled, named in the note
 
     def attn_fwd_flops(self, tokens: int, seq: int) -> float:
         proj = 2.0 * tokens * self.attn_weights
@@ -67,6 +69,13 @@ MODELS: dict[str, ModelPreset] = {
                     "Megatron-LM moe_perf single-layer baseline shape (DeepSeek-V3 proxy: hidden 7168, ffn 2048, "
                     "32 experts, top-8, 4096 tokens; the MoE layer alone)",
                     note="one MoE layer, no attention"),
+        ModelPreset("qwen3-next-80b-a3b", 2048, 512, 512, 10, 48, _gqa(2048, 16, 2, 256), 16, 256, 256,
+                    HF.format("Qwen/Qwen3-Next-80B-A3B-Instruct") + " (hidden_size 2048, moe_intermediate_size 512, "
+                    "num_experts 512, num_experts_per_tok 10, num_hidden_layers 48, 16 heads / 2 KV heads of "
+                    "head_dim 256, shared_expert_intermediate_size 512; the same values in Megatron-Bridge's "
+                    "tests/unit_tests/models/qwen/test_qwen3_next_bridge.py)",
+                    note="attention as full GQA on every layer (the model's 36 Gated DeltaNet layers cost less); "
+                    "the shared expert is not modelled", shared_ffn=512),
         ModelPreset("mixtral-8x7b", 4096, 14336, 8, 2, 32, _gqa(4096, 32, 8, 128), 32, 128, 128,
                     HF.format("mistralai/Mixtral-8x7B-v0.1") + " (hidden_size 4096, intermediate_size 14336, "
                     "num_local_experts 8, num_experts_per_tok 2, num_hidden_layers 32, 32 heads / 8 KV heads)"),

@@ -1,0 +1,111 @@
+"""What overlap costs, beside what it hides: the estimator's shared, physical parameters (torch-free).
+
+Each parameter is one number used for every request and every accuracy-table row (docs/estimate.md); each
+says where it comes from. None is tuned per anchor.
+
+* Dispatcher backends: the all-to-all bandwidth of DeepEP / HybridEP is their published achieved rate; alltoall
+  (NCCL) is the link preset x the all-to-all efficiency (hardware.DEFAULT_A2A_EFFICIENCY).
+* Overlap efficiency by what moves the bytes: an SM-driven all-to-all over NVLink competes with the expert GEMMs
+  for SMs (hardware.NVLINK_OVERLAP_EFFICIENCY); copy engines do not (COPY_ENGINE_OVERLAP_EFFICIENCY); a NIC
+  moves inter-node bytes (hardware.NETWORK_OVERLAP_EFFICIENCY).
+* ``CUDA_DEVICE_MAX_CONNECTIONS=1``: every stream feeds one hardware queue, so a comm kernel queued behind a
+  compute kernel waits for it; of the two orders the two streams' kernels reach the queue in, only one overlaps:
+  the overlap efficiency is halved (SINGLE_QUEUE_FACTOR, an argument, not a fit).
+* Host work of Megatron-Core's layer (when no host time is given or calibrated): HOST_US_PER_OP x host ops per
+  layer forward + backward, OPS_PER_LAYER plus OPS_PER_LOCAL_EXPERT per local expert (Transformer Engine's grouped
+  GEMM issues one GEMM per expert: fc1 and fc2, forward, dgrad and wgrad). The interleaved schedule issues more
+  host work per layer pair (host.HOST_FACTORS), so a host-bound layer gets slower with the overlap.
+* The uncertainty band: the same model at the pessimistic and the optimistic end of the measured ranges of its
+  parameters (BAND).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Our copy-engine all-to-all beside the expert GEMMs on two H200s (`--a2a ce`): 0.31 / 0.96 / 0.89 at the Qwen3 /
+# DeepSeek-V3 / DSv3-proxy shapes, median 0.89 (benchmarks/results/h200x2_2026-11-29/ep_overlap_cuda_r2_ce.json,
+# as hardware.EFFICIENCY_SOURCE defines it). No SM is taken from the GEMMs.
+COPY_ENGINE_OVERLAP_EFFICIENCY = 0.89
+COPY_ENGINE_SOURCE = ("copy-engine all-to-all on two H200s, median of three shapes "
+                      "(benchmarks/results/h200x2_2026-11-29/ep_overlap_cuda_r2_ce.json)")
+SINGLE_QUEUE_FACTOR = 0.5
+
+# Host issue cost per op: our EP-2 layer issues about 370 host ops per forward + backward (docs/benchmarks.md,
+# "Where the time goes at EP 2") in a median 6.21 ms (host_ms of the 30 no-overlap rows that record it: the
+# three NVLink shapes of the ten NVLink layer runs in benchmarks/results/h200x2_2026-11-29_r3..r5;
+# tests/unit/test_estimate_costs.py recomputes it): 16.8 us per op on that host (Python, PyTorch eager).
+HOST_US_PER_OP = 16.8
+OPS_PER_LAYER = 370  # ours, which issues its expert GEMMs as one grouped launch each
+OPS_PER_LOCAL_EXPERT = 6  # one GEMM launch per expert: fc1 and fc2 x forward, dgrad, wgrad
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    intra_gbps: float | None  # achieved GB/s per GPU (None: the link preset x the all-to-all efficiency)
+    inter_gbps: float | None
+    copy_like: bool  # moves bytes without taking the GEMMs' SMs (TMA / copy engines)
+    source: str
+
+
+BACKENDS = {
+    "alltoall": Backend("alltoall", None, None, False,
+                        "NCCL all-to-all (SM kernels): the link preset x the all-to-all efficiency"),
+    "deepep": Backend("deepep", 153.0, 58.0, False,
+                      "DeepEP README (github.com/deepseek-ai/DeepEP): normal kernels, intranode dispatch 153 GB/s "
+                      "(NVLink, H800, EP 8), internode dispatch 58 GB/s (RDMA, EP 32); SM kernels (20 SMs)"),
+    "hybridep": Backend("hybridep", 153.0, 58.0, True,
+                        "HybridEP (DeepEP's hybrid-ep branch, docs/README_Hybrid-EP.md): TMA intranode, RDMA "
+                        "internode, few SMs; no per-GPU bandwidth verified here, so DeepEP's published rates"),
+}
+
+# (pessimistic, optimistic) multipliers of the overlap efficiency and of the host factors' excess over 1: the
+# measured ranges (NVLink efficiency -0.08..0.69 around 0.56; network 0.73..0.91; host factors 1.07-1.22 and
+# 1.08-1.30 around 1.154 / 1.180: host.py).
+BAND = {"efficiency": (0.5, 1.25), "host_excess": (1.9, 0.45)}
+
+
+def host_ms_megatron(experts: int, ep: int) -> float:
+    """Host issue time of one Megatron-Core MoE layer's forward + backward (ms), from its op count."""
+    return HOST_US_PER_OP * (OPS_PER_LAYER + OPS_PER_LOCAL_EXPERT * (experts // ep)) / 1e3
+
+
+def host_source(experts: int, ep: int) -> str:
+    return (f"host issue time estimated from op counts: {HOST_US_PER_OP:g} us x ({OPS_PER_LAYER} + "
+            f"{OPS_PER_LOCAL_EXPERT} x {experts // ep} local experts) = {host_ms_megatron(experts, ep):.2f} ms per "
+            "layer and micro-batch (skill/estimate/costs.py; give host_ms to use a measured one)")
+
+
+def overlap_efficiency(base: float, *, multi_node: bool, backend: str, a2a_engine: str,
+                       max_connections: int | None) -> tuple[float, str]:
+    """The overlap efficiency after what moves the bytes and the hardware queues; and why."""
+    eff, why = base, []
+    if not multi_node and (a2a_engine == "copy-engine" or BACKENDS[backend].copy_like):
+        eff = COPY_ENGINE_OVERLAP_EFFICIENCY
+        why.append(f"bytes moved without the GEMMs' SMs: {eff:g} ({COPY_ENGINE_SOURCE})")
+    if max_connections == 1:
+        eff *= SINGLE_QUEUE_FACTOR
+        why.append(f"CUDA_DEVICE_MAX_CONNECTIONS=1: one hardware queue, efficiency x {SINGLE_QUEUE_FACTOR:g}")
+    return eff, "; ".join(why)
+
+
+def micro_batches_from(global_batch: int | None, micro_batch_size: int | None, dp: int | None
+                       ) -> tuple[int | None, str]:
+    """Micro-batches per step and DP rank, or (None, why not)."""
+    if global_batch is None and dp is None:
+        return None, ""
+    if global_batch is None or dp is None:
+        return None, "give both global_batch and dp (and micro_batch_size, default 1)"
+    mbs = micro_batch_size or 1
+    if global_batch % (mbs * dp):
+        return None, f"global_batch {global_batch} is not a multiple of micro_batch_size x dp = {mbs * dp}"
+    return global_batch // (mbs * dp), ""
+
+
+def memory_note(micro_batches: int, layers: int) -> str:
+    return ("1f1b keeps the forward of micro-batch k+1 alive beside the backward of micro-batch k: at the pairing "
+            f"about one more layer's activations of {layers} at pipeline size 1, and one more micro-batch in "
+            "flight per pipeline stage with PP > 1 (Megatron-Core's extra warm-up forward); Megatron-LM PR 6311 "
+            "measured +364 MB (+0.6%) with full recompute; check the headroom"
+            + ("" if micro_batches >= 2 else "; with one micro-batch nothing is paired"))
