@@ -153,7 +153,7 @@ class ValidateConfigInput(_ConfigSource):
     torch_version: str | None = Field(None, max_length=32, description="target torch version, e.g. 2.6.0")
     te_version: str | None = Field(None, max_length=32, description="target Transformer Engine version")
     megatron_core_version: str | None = Field(None, max_length=32, description="target Megatron-Core version (rules for 0.16-0.19)")
-    gpu: _gpu_arg("target GPU: product name or compute capability") = None  # type: ignore[valid-type]
+    gpu: _gpu_arg("GPU name or compute capability") = None  # type: ignore[valid-type]
     env: dict[str, str] | None = Field(None, description="the target job's environment variables")
 
     @model_validator(mode="after")
@@ -182,7 +182,7 @@ class GenerateInput(GenerateRequest):
 
     model: Annotated[Literal[choices.model_presets()] | None, BeforeValidator(_lower)] = Field(  # type: ignore[valid-type]
         None, validation_alias=AliasChoices("model", "preset"))
-    gpu: _gpu_arg("target GPU: product name or compute capability") = None  # type: ignore[valid-type]
+    gpu: _gpu_arg("GPU name or compute capability") = None  # type: ignore[valid-type]
     model_config = ConfigDict(extra="forbid", json_schema_extra=_schema_text({
         "ep": "EP size; or give model + gpus", "experts": "experts per MoE layer",
         "topk": "experts per token", "dispatcher": "token dispatcher (the flex stage uses flex)",
@@ -190,7 +190,7 @@ class GenerateInput(GenerateRequest):
         "tp": "tensor-parallel size", "pp": "pipeline-parallel size", "vpp": "virtual pipeline size",
         "num_layers": "layers (pp > 1 without a model)",
         "micro_batches": "micro-batches per DP rank (overlap needs >= 2)", "recompute": "activation recompute "
-        "(full is refused)", "model": "model preset (alias preset): shape and Bridge recipe layout", "gpus": "total GPUs (EP derived "
+        "(full is refused)", "model": "model preset (alias preset)", "gpus": "total GPUs (EP derived "
         "when ep is not given)", "stage": "rollout stage", "plan": "every stage in order, with its "
         "checks", "to": "config format", "torch_version": "target torch version", "te_version": "target "
         "Transformer Engine version", "megatron_core_version": "Megatron-Core rule set (default: installed)",

@@ -5,5 +5,5 @@ missing input, `model.py` the request and result models, `hardware.py` the fabri
 sources, `timeline.py` the two-stream timelines the schedules are laid out on, and `text.py` the stated
 assumptions and the report for people. The calibration that measures real rates lives in verify/ (it needs torch).
 
-May import: (nothing else in moe_overlap)
+May import: moe_overlap.skill.models
 """

@@ -340,7 +340,7 @@ def _schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff:
 
 
 def chunked_step_ms(req: EstimateRequest) -> float:
-    """The in-layer chunked schedule's step (ms), for the CPU benchmark only (benchmarks/estimate_vs_measured.py):
+    """The in-layer chunked schedule's step (ms), for the CPU benchmark only (benchmarks/estimator/estimate_vs_measured.py):
     not part of the result, whose reasons say why (measured slower than none on NVLink, docs/estimate.md)."""
     req = check_request(req)
     h = _hardware(req, req.ep > ep_per_node(req))

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HF = "https://huggingface.co/{}/blob/main/config.json"
-
+from moe_overlap.skill.models.shapes import MODELS as SHAPES
+from moe_overlap.skill.models.shapes import ModelShape
 
 @dataclass(frozen=True)
 class ModelPreset:
@@ -40,47 +40,24 @@ class ModelPreset:
         return proj + core
 
 
-def _gqa(hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
-    """Q and O are heads x head_dim wide, K and V kv_heads x head_dim."""
-    return hidden * head_dim * (2 * heads + 2 * kv_heads)
-
-
-def _mla(hidden: int, heads: int, q_rank: int, kv_rank: int, nope: int, rope: int, v: int) -> int:
-    """DeepSeek's multi-head latent attention: q_a, q_b, kv_a (latent + rope key), kv_b, o."""
-    return (hidden * q_rank + q_rank * heads * (nope + rope) + hidden * (kv_rank + rope)
-            + kv_rank * heads * (nope + v) + heads * v * hidden)
-
-
-MODELS: dict[str, ModelPreset] = {
-    p.name: p
-    for p in (
-        ModelPreset("qwen3-30b-a3b", 2048, 768, 128, 8, 48, _gqa(2048, 32, 4, 128), 32, 128, 128,
-                    HF.format("Qwen/Qwen3-30B-A3B") + " (hidden_size 2048, moe_intermediate_size 768, num_experts "
-                    "128, num_experts_per_tok 8, num_hidden_layers 48, 32 heads / 4 KV heads of head_dim 128)"),
-        ModelPreset("qwen3-235b-a22b", 4096, 1536, 128, 8, 94, _gqa(4096, 64, 4, 128), 64, 128, 128,
-                    HF.format("Qwen/Qwen3-235B-A22B") + " (hidden_size 4096, moe_intermediate_size 1536, "
-                    "num_experts 128, num_experts_per_tok 8, num_hidden_layers 94, 64 heads / 4 KV heads of 128)"),
-        ModelPreset("deepseek-v3", 7168, 2048, 256, 8, 58, _mla(7168, 128, 1536, 512, 128, 64, 128), 128, 192, 128,
-                    HF.format("deepseek-ai/DeepSeek-V3") + " (hidden_size 7168, moe_intermediate_size 2048, "
-                    "n_routed_experts 256, num_experts_per_tok 8, 61 layers of which first_k_dense_replace 3 dense, "
-                    "MLA: 128 heads, q_lora_rank 1536, kv_lora_rank 512, qk 128+64, v 128)",
-                    note="the shared expert (one per MoE layer) and the 3 dense layers are not modelled"),
-        ModelPreset("deepseek-v3-proxy", 7168, 2048, 32, 8, 1, 0, 0, 0, 0,
-                    "Megatron-LM moe_perf single-layer baseline shape (DeepSeek-V3 proxy: hidden 7168, ffn 2048, "
-                    "32 experts, top-8, 4096 tokens; the MoE layer alone)",
-                    note="one MoE layer, no attention"),
-        ModelPreset("qwen3-next-80b-a3b", 2048, 512, 512, 10, 48, _gqa(2048, 16, 2, 256), 16, 256, 256,
-                    HF.format("Qwen/Qwen3-Next-80B-A3B-Instruct") + " (hidden_size 2048, moe_intermediate_size 512, "
-                    "num_experts 512, num_experts_per_tok 10, num_hidden_layers 48, 16 heads / 2 KV heads of "
-                    "head_dim 256, shared_expert_intermediate_size 512; the same values in Megatron-Bridge's "
-                    "tests/unit_tests/models/qwen/test_qwen3_next_bridge.py)",
-                    note="attention as full GQA on every layer (the model's 36 Gated DeltaNet layers cost less); "
-                    "the shared expert is not modelled", shared_ffn=512),
-        ModelPreset("mixtral-8x7b", 4096, 14336, 8, 2, 32, _gqa(4096, 32, 8, 128), 32, 128, 128,
-                    HF.format("mistralai/Mixtral-8x7B-v0.1") + " (hidden_size 4096, intermediate_size 14336, "
-                    "num_local_experts 8, num_experts_per_tok 2, num_hidden_layers 32, 32 heads / 8 KV heads)"),
-    )
+# What the estimator leaves out of each shape (the shapes themselves are moe_overlap.skill.models, shared with
+# generate, so the two tools never describe one model two ways).
+_NOT_MODELLED = {
+    "deepseek-v3": "the shared expert (one per MoE layer) and the 3 dense layers are not modelled",
+    "deepseek-v3-proxy": "one MoE layer, no attention",
+    "qwen3-next-80b-a3b": "attention as full GQA on every layer (the model's 36 Gated DeltaNet layers cost less); "
+                          "the shared expert is not modelled",
 }
+
+
+def _preset(m: ModelShape) -> ModelPreset:
+    return ModelPreset(m.name, m.hidden_size, m.moe_ffn_hidden_size, m.num_moe_experts, m.moe_router_topk,
+                       m.moe_layers, m.attention_weights(), m.num_attention_heads, m.qk_head_dim, m.v_head_dim,
+                       m.source, note=_NOT_MODELLED.get(m.name, ""),
+                       shared_ffn=m.moe_shared_expert_intermediate_size or 0)
+
+
+MODELS: dict[str, ModelPreset] = {name: _preset(m) for name, m in SHAPES.items()}
 
 
 class UnknownModel(ValueError):
