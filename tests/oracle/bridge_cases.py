@@ -46,6 +46,12 @@ def _bridge_style(rng: random.Random, config: dict, env: dict) -> dict:
     if rng.random() < 0.2:
         config["mixed_precision"] = rng.choice(RECIPES)
         model.update(bf16=False, fp16=False)
+    if rng.random() < 0.08:  # Bridge's TE check of delayed wgrad with gradient_accumulation_fusion, alone
+        config["comm_overlap"] = {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True,
+                                  "overlap_grad_reduce": False}
+        config["ddp"]["overlap_grad_reduce"] = False
+        model.update(gradient_accumulation_fusion=True, cuda_graph_impl="none", cuda_graph_scope=None)
+        env["te_version"] = "2.6.0"
     case = {"config": config, "env": env, "gpu": rng.choice(list(GPUS)), "apply_backend": None}
     if rng.random() < 0.3:
         drop_and_pad = model.get("moe_pad_expert_input_to_capacity")  # deepep cannot pad (Core refuses)

@@ -22,6 +22,7 @@ exception type, message, the dispatcher fields after apply]. Standalone: it must
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import types
 import warnings
@@ -67,16 +68,15 @@ def main() -> None:
     _mount_bridge(Path(sys.argv[1]))
     cases = json.load(sys.stdin)
     warnings.simplefilter("ignore")
-    import megatron.core
-    import torch
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig
-    from megatron.core.transformer import transformer_config as tc
-
     import megatron.bridge.training.comm_overlap as co
     import megatron.bridge.training.flex_dispatcher_backend as fdb
     import megatron.bridge.training.mixed_precision as mp
+    import megatron.core
+    import torch
     from megatron.bridge.utils.cuda_graph import validate_cuda_graph_configuration
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer import transformer_config as tc
 
     class Model(tc.TransformerConfig):
         """Bridge's model configs: a TransformerConfig whose __post_init__ waits for finalize()."""
@@ -87,8 +87,7 @@ def main() -> None:
         def finalize(self):
             tc.TransformerConfig.__post_init__(self)
 
-    logging_off = __import__("logging")
-    logging_off.disable(logging_off.CRITICAL)
+    logging.disable(logging.CRITICAL)  # Bridge's fallback warnings: the fields after apply say the same
     out = []
     for case in cases:
         _versions((tc, co, mp), case["torch"], case["te"])
