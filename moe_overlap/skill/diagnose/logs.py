@@ -41,16 +41,28 @@ _PATTERNS = (
 _ANY_KEY = re.compile(_KEY_ALT)
 # (kind, pattern): what makes a log not clean. Order matters only for reporting.
 _ERRORS = (
+    # DeepEP's own messages (deep_ep/buffer.py and its kernels' timeout checks), raised as RuntimeError or printed.
+    ("deepep", re.compile(r"DeepEP error|DeepEP timeout|DeepEP is not installed")),
+    # Megatron-Core's HybridEP dispatcher (token_dispatcher.py: "HybridEP is not installed"), HybridEP's messages.
+    ("hybridep", re.compile(r"HybridEP is not installed|HybridEP[^\n]{0,80}(?:error|[Tt]imeout|failed)")),
     ("assertion", re.compile(r"\bAssertionError\b")),
-    ("traceback", re.compile(r"Traceback \(most recent call last\)")),
+    ("cuda", re.compile(r"CUDA error|CUDA out of memory|OutOfMemoryError|illegal memory access")),
     ("nccl", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|"
                         r"ncclInvalidUsage|NCCL communicator was aborted|DistBackendError")),
     ("hang", re.compile(r"Watchdog caught collective operation timeout|collective operation timeout|"
                         r"ProcessGroupNCCL.{0,80}[Tt]imeout|[Hh]eartbeat monitor timed out|appears to be hung|"
                         r"sent no heartbeat for|[Tt]imed out waiting for|gloo.{0,80}[Tt]imed out")),
     ("gloo", re.compile(r"Connection closed by peer|Gloo connectFullMesh failed|Connection reset by peer")),
-    ("cuda", re.compile(r"CUDA error|CUDA out of memory|OutOfMemoryError|illegal memory access")),
+    # A Python exception line, with or without the "Traceback (most recent call last):" header above it (a log
+    # excerpt, interleaved ranks, a launcher that keeps only the last lines). Named exceptions only: a bare
+    # "error:" in a message is no exception.
+    ("exception", re.compile(r"\b(?:Runtime|Value|Attribute|Type|Key|Index|Import|ModuleNotFound|NotImplemented|"
+                             r"ZeroDivision|ChildFailed|DistNetwork|DistStore|Accelerator|Timeout)Error:")),
+    ("traceback", re.compile(r"Traceback \(most recent call last\)")),
 )
+# Which error names the failure when several kinds occur: the most specific cause first (a DeepEP timeout is
+# what the NCCL watchdog reports minutes later; a traceback header says nothing by itself).
+_CAUSE_ORDER = ("deepep", "hybridep", "cuda", "assertion", "exception", "nccl", "hang", "gloo", "traceback")
 # Megatron-Bridge's apply_flex_dispatcher_backend when it cannot apply the backend (megatron-bridge 0.6.2
 # src/megatron/bridge/training/flex_dispatcher_backend.py:44-96): the run silently uses alltoall, or no flex at all.
 _FLEX_FALLBACK = re.compile(r"Falling back to alltoall|Skipping flex dispatcher(?: backend)? configuration", re.I)
@@ -67,7 +79,7 @@ class LogCheck(BaseModel):
 
 
 class LogError(BaseModel):
-    kind: Literal["assertion", "traceback", "nccl", "hang", "gloo", "cuda"]
+    kind: Literal["deepep", "hybridep", "assertion", "cuda", "nccl", "hang", "gloo", "exception", "traceback"]
     line: int
     text: str
 
@@ -78,6 +90,9 @@ class LogCheckResult(BaseModel):
     effective_config: dict[str, Any] = Field(description="last logged value of each overlap key")
     checks: list[LogCheck]
     errors: list[LogError] = Field(default_factory=list, description="first 20 error lines")
+    failure: LogError | None = Field(None, description=(
+        "the error line that names the failure: the first line of the most specific kind found (DeepEP, "
+        "HybridEP, CUDA, assertion, other exception, NCCL, hang, gloo, bare traceback header)"))
     lines: int
 
 
@@ -190,14 +205,17 @@ def check_training_log(text: str, *, expect_overlap: bool | None = True,
         if overlap_on and d_value not in ("alltoall", "flex"):
             status, msg = "fail", msg + ": EP overlap needs alltoall or flex"
         checks.append(LogCheck(id="dispatcher-logged", status=status, message=msg, line=d_line, evidence=d_text))
-    if backend is not None and backend[0] is not None:
-        is_flex = dispatcher is not None and dispatcher[0] == "flex"
-        checks.append(LogCheck(
-            id="flex-backend-active", status="pass" if is_flex else "fail", line=backend[1], evidence=backend[2],
-            message=f"moe_flex_dispatcher_backend = {backend[0]}" + (" with the flex dispatcher" if is_flex else
-                    ": set without moe_token_dispatcher_type=flex, so it has no effect "
-                    "(use apply_flex_dispatcher_backend)")))
-    elif dispatcher is not None and dispatcher[0] == "flex":
+    is_flex = dispatcher is not None and dispatcher[0] == "flex"
+    if backend is not None and backend[0] is not None and is_flex:
+        checks.append(LogCheck(id="flex-backend-active", status="pass", line=backend[1], evidence=backend[2],
+                               message=f"moe_flex_dispatcher_backend = {backend[0]} with the flex dispatcher"))
+    elif backend is not None and backend[0] is not None:
+        # Megatron-LM prints every argument, so its default backend (deepep: transformer_config.py, megatron-core
+        # 0.19.2 line 869) appears whatever the dispatcher; Bridge's YAML dump does the same. Only flex reads it.
+        checks.append(LogCheck(id="flex-backend-active", status="info", line=backend[1], evidence=backend[2],
+                               message=f"moe_flex_dispatcher_backend = {backend[0]} is not used: the dispatcher is "
+                                       f"{dispatcher[0] if dispatcher else 'not logged'}, and only flex reads it"))
+    elif is_flex:
         checks.append(LogCheck(id="flex-backend-active", status="warn", line=dispatcher[1],
                                message="flex dispatcher without a logged moe_flex_dispatcher_backend"))
     checks.append(_fallback_check(text))
@@ -205,6 +223,8 @@ def check_training_log(text: str, *, expect_overlap: bool | None = True,
                               "config (CommOverlapConfig / TransformerConfig)"),
                              ("no-assertion-errors", ("assertion",), "AssertionError"),
                              ("no-tracebacks", ("traceback",), "Python traceback"),
+                             ("no-exceptions", ("exception",), "Python exception"),
+                             ("no-dispatcher-errors", ("deepep", "hybridep"), "DeepEP / HybridEP error"),
                              ("no-nccl-errors", ("nccl", "gloo", "cuda"), "NCCL / gloo / CUDA error"),
                              ("no-hangs", ("hang",), "hang or collective timeout")):
         if kinds is None:
@@ -219,5 +239,6 @@ def check_training_log(text: str, *, expect_overlap: bool | None = True,
         else:
             checks.append(LogCheck(id=cid, status="pass", message=f"no {what}"))
     effective = {k: v[0] for k, v in found.items()}
+    failure = next((scan.first[k] for k in _CAUSE_ORDER if k in scan.first), None)
     return LogCheckResult(ok=not any(c.status == "fail" for c in checks), format=_detect_format(text),
-                          effective_config=effective, checks=checks, errors=scan.errors, lines=lines)
+                          effective_config=effective, checks=checks, errors=scan.errors, failure=failure, lines=lines)
