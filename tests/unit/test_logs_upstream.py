@@ -27,7 +27,11 @@ FAILING = {
     "miles_308_accelerator_error.log": ("cuda", "torch.AcceleratorError", "no-nccl-errors"),
     "megablocks_62_illegal_memory_access.log": ("cuda", "an illegal memory access", "no-nccl-errors"),
     "fastmoe_44_attribute_error.log": ("exception", "AttributeError: module 'fmoe_cuda'", "no-exceptions"),
+    "bridge_5207_deepep_gb200_valueerror.log": ("exception", "Current GPU: NVIDIA GB200", "no-exceptions"),
+    "megatron_lm_1877_alltoall_runtime_error.log": ("exception", "RuntimeError: shape '[2048, 1, 4096]'",
+                                                    "no-exceptions"),
 }
+CLEAN = ("megatron_lm_alltoall_args.log", "megatron_llm_22_iterations.log")
 
 
 def _read(name: str) -> str:
@@ -38,16 +42,20 @@ def _read(name: str) -> str:
 
 def test_every_fixture_names_its_source_and_is_short():
     files = sorted(p.name for p in UPSTREAM.glob("*.log"))
-    assert set(FAILING) | {"megatron_lm_alltoall_args.log"} == set(files)
+    assert set(FAILING) | set(CLEAN) == set(files)
     for name in files:
         assert len(_read(name).splitlines()) <= 40, name
 
 
 def test_clean_alltoall_megatron_lm_arguments_pass():
-    text = _read("megatron_lm_alltoall_args.log")
+    """The arguments excerpt, then the iteration lines of another thread: as a Megatron-LM log reads."""
+    text = _read("megatron_lm_alltoall_args.log") + _read("megatron_llm_22_iterations.log")
+    for part in (text, *map(_read, CLEAN)):
+        res = check_training_log(part, expect_overlap=None)
+        assert res.ok, [c for c in res.checks if c.status == "fail"]
+        assert res.failure is None and not res.errors
+        assert res.format == "megatron-lm"
     res = check_training_log(text, expect_overlap=None)
-    assert res.ok, [c for c in res.checks if c.status == "fail"]
-    assert res.failure is None and not res.errors
     assert res.effective_config["moe_token_dispatcher_type"] == "alltoall"
     # Megatron-LM prints every TransformerConfig argument, so the default backend (deepep: megatron-core 0.19.2
     # transformer_config.py:869) is in every log, alltoall ones too: it must not fail the check.

@@ -106,10 +106,16 @@ _ANY_ERROR = re.compile("|".join(f"(?:{pat.pattern})" for _, pat in _ERRORS))
 MAX_ERRORS_KEPT = 20  # LogCheckResult.errors: the first ones; each check still counts them all
 
 
+# A line of Megatron-LM's argument dump ("  moe_token_dispatcher_type ....... alltoall"): an excerpt often lacks
+# the block's header. Anchored at a line start, every repeat bounded or followed by a fixed character: linear.
+_ARG_LINE = re.compile(r"^[ \t]{1,4}[a-z][a-z0-9_]{0,80} \.{3,}[ \t]", re.MULTILINE)
+
+
 def _detect_format(text: str) -> str:
     if "[moe-overlap]" in text:
         return "moe-overlap"
-    if "------------------------ arguments ------------------------" in text or _ITERATION.search(text):
+    if ("------------------------ arguments ------------------------" in text or _ITERATION.search(text)
+            or _ARG_LINE.search(text)):
         return "megatron-lm"
     if any(strip_prefixes(line).lstrip(" \t").startswith("comm_overlap")
            for _, _, line in lines_matching(_BRIDGE_SECTION, text)) \
