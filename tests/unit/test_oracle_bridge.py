@@ -80,3 +80,13 @@ def test_overlap_grad_reduce_on_in_either_section_counts():
     result = validate_config(config, megatron_core_version="0.19.2", detect=False, env={}, torch_version="2.6.0",
                              te_version="2.6.0")
     assert "wgrad-overlap-grad-reduce-te-2-7" in {f.rule for f in result.findings if f.severity == "error"}
+
+
+def test_the_deprecated_deepep_switch_overrides_any_backend_but_hybridep():
+    """Core sets the backend to deepep whatever it was (ncclep too), so Bridge's GPU check sees deepep: GB200 fails
+    (found by the oracle on seed 2, 4000 configs)."""
+    config = {"model": {"expert_model_parallel_size": 8, "num_moe_experts": 8, "moe_token_dispatcher_type": "flex",
+                        "moe_flex_dispatcher_backend": "ncclep", "moe_enable_deepep": True, "bf16": True}}
+    result = validate_config(config, megatron_core_version="0.19.2", detect=False, env={}, gpu="NVIDIA GB200")
+    assert "flex-backend-gpu-support" in {f.rule for f in result.findings if f.severity == "error"}
+    assert validate_config(config, megatron_core_version="0.19.2", detect=False, env={}, gpu="H100").valid

@@ -374,8 +374,10 @@ def effective_values(cfg: OverlapConfig) -> tuple[dict[str, Any], dict[str, str]
     elif isinstance(mp, dict):
         values["bf16"] = values["bf16"] or bool(mp.get("bf16"))
         values["fp16"] = values["fp16"] or bool(mp.get("fp16"))
-    if values["moe_enable_deepep"] and values["moe_flex_dispatcher_backend"] is None:
-        values["moe_flex_dispatcher_backend"] = "deepep"  # what Megatron-Core does with the deprecated switch
+    if values["moe_enable_deepep"] and values["moe_flex_dispatcher_backend"] != "hybridep":
+        # What Megatron-Core does with the deprecated switch: any backend but hybridep (an error of its own)
+        # becomes deepep, ncclep too (transformer_config.py __post_init__; megatron-core 0.19.2 line 1594).
+        values["moe_flex_dispatcher_backend"] = "deepep"
     if values["virtual_pipeline_model_parallel_size"] is None and values["num_layers_per_virtual_pipeline_stage"]:
         values["virtual_pipeline_model_parallel_size"] = "derived"  # Megatron-LM derives VPP from this flag
         paths["virtual_pipeline_model_parallel_size"] = "model.num_layers_per_virtual_pipeline_stage"
