@@ -30,9 +30,12 @@ FLAGS = ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute")
 
 def _bridge_style(rng: random.Random, config: dict, env: dict) -> dict:
     model, comm = config["model"], config.pop("comm_overlap")
-    placement = rng.choices(["comm", "model", "model+comm"], weights=[70, 15, 15])[0]
+    placement = rng.choices(["comm", "model", "model+comm", "split"], weights=[64, 12, 12, 12])[0]
     if placement == "comm":
         config["comm_overlap"] = comm
+    elif placement == "split":  # the overlap on the model, the delayed wgrad in comm_overlap (Bridge: :532-535)
+        model["overlap_moe_expert_parallel_comm"] = comm["overlap_moe_expert_parallel_comm"]
+        config["comm_overlap"] = {"delay_wgrad_compute": comm["delay_wgrad_compute"]}
     else:
         model.update(comm)
         if placement == "model+comm":
@@ -46,14 +49,14 @@ def _bridge_style(rng: random.Random, config: dict, env: dict) -> dict:
     if rng.random() < 0.2:
         config["mixed_precision"] = rng.choice(RECIPES)
         model.update(bf16=False, fp16=False)
-    if rng.random() < 0.08:  # Bridge's TE check of delayed wgrad with gradient_accumulation_fusion, alone
-        config["comm_overlap"] = {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True,
-                                  "overlap_grad_reduce": False}
-        config["ddp"]["overlap_grad_reduce"] = False
-        model.update(gradient_accumulation_fusion=True, cuda_graph_impl="none", cuda_graph_scope=None)
-        env["te_version"] = "2.6.0"
-    case = {"config": config, "env": env, "gpu": rng.choice(list(GPUS)), "apply_backend": None}
+    if rng.random() < 0.15:  # one of Bridge's delayed-wgrad TE checks, with Core's checks of the same fields met
+        _bridge_wgrad_break(rng, config, env)
+    case = {"config": config, "env": env, "gpu": rng.choice(list(GPUS)), "apply_backend": None,
+            "apply_without_gpu": False}
     if rng.random() < 0.3:
+        # A config built where no GPU is visible (a login node): Bridge applies the backend unchecked
+        # (flex_dispatcher_backend.py:53-57); the training node's GPU is checked at validation.
+        case["apply_without_gpu"] = rng.random() < 0.2
         drop_and_pad = model.get("moe_pad_expert_input_to_capacity")  # deepep cannot pad (Core refuses)
         case["apply_backend"] = rng.choice(["hybridep", "ncclep"] if drop_and_pad else
                                            ["deepep", "deepep", "hybridep", "ncclep"])
@@ -63,6 +66,26 @@ def _bridge_style(rng: random.Random, config: dict, env: dict) -> dict:
             model.pop("moe_flex_dispatcher_backend", None)
     case["env"]["gpu"] = case["gpu"]
     return case
+
+
+def _bridge_wgrad_break(rng: random.Random, config: dict, env: dict) -> None:
+    model, ddp = config["model"], config["ddp"]
+    config["comm_overlap"] = {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True,
+                              "overlap_grad_reduce": False}
+    ddp["overlap_grad_reduce"] = False
+    model.update(cuda_graph_impl="none", cuda_graph_scope=None)
+    kind = rng.choice(["fusion", "grad-reduce", "graph"])
+    if kind == "fusion":  # TE >= 2.7 with gradient_accumulation_fusion (comm_overlap.py:526-530)
+        model["gradient_accumulation_fusion"] = True
+        env["te_version"] = "2.6.0"
+    elif kind == "grad-reduce":  # TE >= 2.7 with overlap_grad_reduce in either section (:521-525)
+        model["gradient_accumulation_fusion"] = False
+        (ddp if rng.random() < 0.5 else config["comm_overlap"])["overlap_grad_reduce"] = True
+        env["te_version"] = "2.6.0"
+    else:  # TE >= 2.12 when the wgrad falls in the graph (:537-557); Core asks only 2.10 of TE graphs
+        model.update(gradient_accumulation_fusion=True, add_bias_linear=False, add_qkv_bias=False,
+                     cuda_graph_impl="transformer_engine", cuda_graph_scope=["attn"])
+        env["te_version"] = rng.choice(["2.10.0", "2.11.0"])
 
 
 def cases(n: int, seed: int) -> list[dict[str, Any]]:
@@ -82,5 +105,6 @@ def driver_case(case: dict) -> dict:
     ddp = {k: v for k, v in config["ddp"].items() if k in ("overlap_grad_reduce", "use_megatron_fsdp")}
     return {"kwargs": core_kwargs(model_only, LINE), "comm_overlap": config.get("comm_overlap"), "ddp": ddp,
             "mixed_precision": config.get("mixed_precision"), "apply_backend": case["apply_backend"],
+            "apply_without_gpu": case["apply_without_gpu"],
             "gpu": {"name": case["gpu"], "major": GPUS[case["gpu"]]},
             "torch": case["env"]["torch_version"], "te": case["env"]["te_version"]}

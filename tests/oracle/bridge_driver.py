@@ -14,7 +14,8 @@ do (megatron-bridge 0.6.2 src/megatron/bridge/training/config.py:1860-1890, :125
 Bridge's heavy imports (its model providers, which pull in transformers; common_utils, which pulls in
 megatron.training) are stubbed: comm_overlap.py uses the providers only in type hints, flex_dispatcher_backend.py
 only get_rank_safe. The Bridge package __init__ files are skipped (their folders are mounted as bare packages),
-so exactly the files named above run. torch.cuda answers with the case's GPU (name, major); Core's and Bridge's
+so exactly the files named above run. torch.cuda answers with the case's GPU (name, major), or, for a config
+built where no GPU is visible, reports none while the backend is applied; Core's and Bridge's
 torch / TE version probes answer with the case's versions. Prints one JSON document: per case [accepted, stage,
 exception type, message, the dispatcher fields after apply]. Standalone: it must not import moe_overlap.
 """
@@ -92,7 +93,8 @@ def main() -> None:
     for case in cases:
         _versions((tc, co, mp), case["torch"], case["te"])
         gpu = SimpleNamespace(name=case["gpu"]["name"], major=case["gpu"]["major"])
-        fdb.torch = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True,
+        visible = SimpleNamespace(value=not case.get("apply_without_gpu"))
+        fdb.torch = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda _v=visible: _v.value,
                                                          get_device_properties=lambda _i, _g=gpu: _g))
         kwargs = dict(case["kwargs"])
         if kwargs.get("pipeline_dtype") == "bfloat16":
@@ -103,6 +105,7 @@ def main() -> None:
             if case.get("apply_backend"):
                 stage = "apply"
                 fdb.apply_flex_dispatcher_backend(model, case["apply_backend"])
+            visible.value = True  # the training node, where validation runs, has its GPU
             applied = [model.moe_token_dispatcher_type, model.moe_flex_dispatcher_backend,
                        model.moe_shared_expert_overlap]
             if case.get("mixed_precision"):

@@ -121,8 +121,10 @@ def run_oracle(version: str, n: int = N_CONFIGS) -> Report:
 
 # Bridge's own checks run only when comm_overlap sets the flag (comm_overlap.py:478, :520); with the flag set on
 # the model they are skipped, while the validator still reports them (the condition is the same).
-BRIDGE_ONLY_VIA_COMM = {"num-experts-gt-1", "wgrad-overlap-grad-reduce-te-2-7", "wgrad-grad-accum-fusion-te-2-7",
-                        "wgrad-cuda-graph-te-2-12"}
+BRIDGE_ONLY_VIA_COMM = {"num-experts-gt-1": "overlap_moe_expert_parallel_comm",
+                        "wgrad-overlap-grad-reduce-te-2-7": "delay_wgrad_compute",
+                        "wgrad-grad-accum-fusion-te-2-7": "delay_wgrad_compute",
+                        "wgrad-cuda-graph-te-2-12": "delay_wgrad_compute"}
 BRIDGE_N = 500
 BRIDGE_DRIVER = DRIVER.with_name("bridge_driver.py")
 
@@ -164,7 +166,8 @@ def _ours_bridge(case: dict) -> tuple[set[str], set[str], list]:
 
     config, env = case["config"], case["env"]
     if case["apply_backend"]:
-        config, _ = apply_flex_dispatcher_backend(config, case["apply_backend"], gpu=case["gpu"])
+        gpu = None if case["apply_without_gpu"] else case["gpu"]
+        config, _ = apply_flex_dispatcher_backend(config, case["apply_backend"], gpu=gpu)
     model = config["model"]
     applied = [model.get("moe_token_dispatcher_type", "allgather"), model.get("moe_flex_dispatcher_backend", "deepep"),
                bool(model.get("moe_shared_expert_overlap"))]
@@ -201,8 +204,7 @@ def run_bridge_oracle(n: int = BRIDGE_N) -> BridgeReport:
             report.by_stage[stage] = report.by_stage.get(stage, 0) + 1
         report.compared_rules |= ours
         comm = case["config"].get("comm_overlap") or {}
-        skipped = {r for r in ours if r in BRIDGE_ONLY_VIA_COMM and not any(comm.get(f) for f in
-                                                                             bridge_cases.FLAGS)}
+        skipped = {r for r in ours if r in BRIDGE_ONLY_VIA_COMM and comm.get(BRIDGE_ONLY_VIA_COMM[r]) is not True}
         if ok and ours and ours <= skipped:
             for rule in ours:
                 report.intentional[rule] = report.intentional.get(rule, 0) + 1

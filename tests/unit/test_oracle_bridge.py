@@ -54,7 +54,7 @@ def test_apply_flex_dispatcher_backend_matches_bridge(report):
 
 
 def test_differences_are_listed_with_a_reason(report):
-    assert set(report.intentional) <= set(INTENTIONAL) | BRIDGE_ONLY_VIA_COMM, sorted(report.intentional)
+    assert set(report.intentional) <= set(INTENTIONAL) | set(BRIDGE_ONLY_VIA_COMM), sorted(report.intentional)
 
 
 def test_a_comm_overlap_section_turns_a_model_flag_off():
