@@ -110,3 +110,11 @@ def test_error_matching_stays_linear_on_long_hostile_lines():
         res = check_training_log(text, expect_overlap=None)
         assert time.perf_counter() - start < 5.0
         assert res.failure is None
+
+
+def test_a_line_of_two_kinds_is_kept_once_under_the_more_specific():
+    res = check_training_log("[rank3]: RuntimeError: DeepEP error: timeout (dispatch CPU)\n", expect_overlap=None)
+    assert [e.kind for e in res.errors] == ["deepep"]
+    assert {c.id for c in res.checks if c.status == "fail"} == {"no-dispatcher-errors", "no-exceptions"}
+    # A name that only ends in "Error:" is no exception line.
+    assert check_training_log("MyFooError: fine\n", expect_overlap=None).ok
