@@ -31,7 +31,9 @@ FAILING = {
     "megatron_lm_1877_alltoall_runtime_error.log": ("exception", "RuntimeError: shape '[2048, 1, 4096]'",
                                                     "no-exceptions"),
 }
-CLEAN = ("megatron_lm_alltoall_args.log", "megatron_llm_22_iterations.log")
+CLEAN = (
+    "megatron_lm_alltoall_args.log", "megatron_lm_1532_alltoall_args.log",
+    "megatron_llm_22_iterations.log")
 
 
 def _read(name: str) -> str:
