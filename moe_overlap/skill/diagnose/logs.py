@@ -44,7 +44,8 @@ _ERRORS = (
     # DeepEP's own messages (deep_ep/buffer.py and its kernels' timeout checks), raised as RuntimeError or printed.
     ("deepep", re.compile(r"DeepEP error|DeepEP timeout|DeepEP is not installed")),
     # Megatron-Core's HybridEP dispatcher (token_dispatcher.py: "HybridEP is not installed"), HybridEP's messages.
-    ("hybridep", re.compile(r"HybridEP is not installed|HybridEP[^\n]{0,80}(?:error|[Tt]imeout|failed)")),
+    ("hybridep", re.compile(r"HybridEP is not installed|HybridEP (?:error|timeout)|hybrid_ep/[^\n]{0,300}Assertion|"
+                            r"HybridEPBuffer::")),
     ("assertion", re.compile(r"\bAssertionError\b")),
     ("cuda", re.compile(r"CUDA error|CUDA out of memory|OutOfMemoryError|illegal memory access")),
     ("nccl", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|"
@@ -58,6 +59,9 @@ _ERRORS = (
     # "error:" in a message is no exception.
     ("exception", re.compile(r"\b(?:Runtime|Value|Attribute|Type|Key|Index|Import|ModuleNotFound|NotImplemented|"
                              r"ZeroDivision|ChildFailed|DistNetwork|DistStore|Accelerator|Timeout)Error:")),
+    # A native crash: a C/CUDA assert ("Assertion `x' failed."), a segfault report, a fatal Python error.
+    ("crash", re.compile(r"Assertion [`'][^\n]{0,300}' failed|Segfault encountered|Segmentation fault|"
+                         r"Fatal Python error")),
     ("traceback", re.compile(r"Traceback \(most recent call last\)")),
 )
 # A literal that every line of a kind holds: searched for first (at memchr speed; a pattern that starts with \b or
@@ -65,7 +69,8 @@ _ERRORS = (
 _TRIGGERS = {"assertion": re.compile("AssertionError"), "exception": re.compile("Error:")}
 # Which error names the failure when several kinds occur: the most specific cause first (a DeepEP timeout is
 # what the NCCL watchdog reports minutes later; a traceback header says nothing by itself).
-_CAUSE_ORDER = ("deepep", "hybridep", "cuda", "assertion", "exception", "nccl", "hang", "gloo", "traceback")
+_CAUSE_ORDER = ("deepep", "hybridep", "cuda", "assertion", "crash", "exception", "nccl", "hang", "gloo",
+                "traceback")
 # Megatron-Bridge's apply_flex_dispatcher_backend when it cannot apply the backend (megatron-bridge 0.6.2
 # src/megatron/bridge/training/flex_dispatcher_backend.py:44-96): the run silently uses alltoall, or no flex at all.
 _FLEX_FALLBACK = re.compile(r"Falling back to alltoall|Skipping flex dispatcher(?: backend)? configuration", re.I)
@@ -82,7 +87,8 @@ class LogCheck(BaseModel):
 
 
 class LogError(BaseModel):
-    kind: Literal["deepep", "hybridep", "assertion", "cuda", "nccl", "hang", "gloo", "exception", "traceback"]
+    kind: Literal["deepep", "hybridep", "assertion", "cuda", "nccl", "hang", "gloo", "exception", "crash",
+                  "traceback"]
     line: int
     text: str
 
@@ -95,7 +101,7 @@ class LogCheckResult(BaseModel):
     errors: list[LogError] = Field(default_factory=list, description="first 20 error lines")
     failure: LogError | None = Field(None, description=(
         "the error line that names the failure: the first line of the most specific kind found (DeepEP, "
-        "HybridEP, CUDA, assertion, other exception, NCCL, hang, gloo, bare traceback header)"))
+        "HybridEP, CUDA, assertion, native crash, other exception, NCCL, hang, gloo, bare traceback header)"))
     lines: int
 
 
@@ -247,7 +253,7 @@ def check_training_log(text: str, *, expect_overlap: bool | None = True,
                               "config (CommOverlapConfig / TransformerConfig)"),
                              ("no-assertion-errors", ("assertion",), "AssertionError"),
                              ("no-tracebacks", ("traceback",), "Python traceback"),
-                             ("no-exceptions", ("exception",), "Python exception"),
+                             ("no-exceptions", ("exception", "crash"), "Python exception or native crash"),
                              ("no-dispatcher-errors", ("deepep", "hybridep"), "DeepEP / HybridEP error"),
                              ("no-nccl-errors", ("nccl", "gloo", "cuda"), "NCCL / gloo / CUDA error"),
                              ("no-hangs", ("hang",), "hang or collective timeout")):
