@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from moe_overlap.skill.config.argv import parse_argv
+from moe_overlap.skill.config.bridge import flags_turned_off, grad_reduce, overlap_flags
 from moe_overlap.skill.config.load import ConfigError, check_values, parse_text, parse_value, read_file
 from moe_overlap.skill.config.names import did_you_mean, near_miss
 
@@ -322,22 +323,9 @@ def parse_config(source: Any = None, overrides: Sequence[str] = (), *,
         cfg = OverlapConfig.model_validate(normalised)
     except ValidationError as exc:
         raise _validation_error(exc) from None
-    cfg._notes = notes + _flags_turned_off(cfg)
+    cfg._notes = notes + [ConfigNote(kind="wrong-section", path=path, message=message)
+                          for path, message in flags_turned_off(cfg)]
     return cfg
-
-
-OVERLAP_FLAGS = ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute")
-
-
-def _flags_turned_off(cfg: OverlapConfig) -> list[ConfigNote]:
-    """model.<flag>: true beside a comm_overlap section that leaves <flag> unset: Bridge turns it off."""
-    if "comm_overlap" not in cfg.model_fields_set:
-        return []
-    return [ConfigNote(kind="wrong-section", path=f"model.{name}", message=(
-        f"model.{name}=true is turned off: with a comm_overlap section, Megatron-Bridge's CommOverlapConfig sets "
-        f"{name} on the model to comm_overlap.{name}, False when unset (megatron-bridge 0.6.2 comm_overlap.py:438-439, "
-        f":618); set comm_overlap.{name}: true")) for name in OVERLAP_FLAGS
-        if getattr(cfg.model, name) and getattr(cfg.comm_overlap, name) is None]
 
 
 def effective_values(cfg: OverlapConfig) -> tuple[dict[str, Any], dict[str, str]]:
@@ -347,23 +335,15 @@ def effective_values(cfg: OverlapConfig) -> tuple[dict[str, Any], dict[str, str]
     for name in ModelSection.model_fields:
         values[name] = getattr(cfg.model, name)
         paths[name] = f"model.{name}"
-    given = "comm_overlap" in cfg.model_fields_set
-    for name in OVERLAP_FLAGS:
-        override = getattr(cfg.comm_overlap, name)
-        if override is not None:
-            values[name] = override
-        elif given:
-            # With a comm_overlap section, Bridge's CommOverlapConfig writes its own value onto the model, False
-            # when unset (megatron-bridge 0.6.2 comm_overlap.py:438-439, :559, :618).
-            values[name] = False
-        if override is not None or given or name not in cfg.model.model_fields_set:
-            paths[name] = f"comm_overlap.{name}"
-    for name in ("overlap_grad_reduce", "overlap_param_gather"):
-        override = getattr(cfg.comm_overlap, name)
-        # Bridge's delayed-wgrad check reads `ddp.overlap_grad_reduce or comm_overlap.overlap_grad_reduce`
-        # (comm_overlap.py:521): either one on is on.
-        values[name] = bool(override) or getattr(cfg.ddp, name)
-        paths[name] = f"comm_overlap.{name}" if override else f"ddp.{name}"
+    for name, (value, path) in overlap_flags(cfg).items():  # Bridge's precedence (bridge.py)
+        values[name] = value
+        if path:
+            paths[name] = path
+    values["overlap_grad_reduce"], paths["overlap_grad_reduce"] = grad_reduce(cfg)
+    override = cfg.comm_overlap.overlap_param_gather
+    values["overlap_param_gather"] = override if override is not None else cfg.ddp.overlap_param_gather
+    paths["overlap_param_gather"] = "comm_overlap.overlap_param_gather" if override is not None \
+        else "ddp.overlap_param_gather"
     for name in ("use_megatron_fsdp", "fsdp_double_buffer"):
         values[name] = getattr(cfg.ddp, name)
         paths[name] = f"ddp.{name}"
