@@ -2,7 +2,11 @@
 
 Only the rules a release's TransformerConfig enforces can be compared with TransformerConfig; the others
 (Megatron-Bridge's checks, asserts Core raises later, Megatron-LM's argument checks, advice) are intentional
-differences, listed in INTENTIONAL with the reason. `python -m tests.oracle.run` prints the table.
+differences, listed in INTENTIONAL with the reason.
+
+The Bridge oracle (run_bridge_oracle) does the same for Bridge-style configs with Megatron-Bridge 0.6.2's own code
+on top of the Core release it pins (bridge_cases.py, bridge_driver.py): there the Core and Bridge rules are compared,
+and our apply_flex_dispatcher_backend against Bridge's. `python -m tests.oracle.run` prints the table.
 """
 
 from __future__ import annotations
