@@ -41,9 +41,10 @@ _PATTERNS = (
 _ANY_KEY = re.compile(_KEY_ALT)
 # (kind, pattern): what makes a log not clean. Order matters only for reporting.
 _ERRORS = (
-    # DeepEP's own messages (deep_ep/buffer.py and its kernels' timeout checks), raised as RuntimeError or printed.
+    # DeepEP's own messages (raised as RuntimeError, or printed by its kernels' timeout checks) and Megatron-Core's
+    # "DeepEP is not installed" / "HybridEP is not installed" (megatron-core 0.19.2 token_dispatcher.py:1275, :1049);
+    # HybridEP's own asserts name its sources (csrc/hybrid_ep/...), its crashes its buffer (HybridEPBuffer::...).
     ("deepep", re.compile(r"DeepEP error|DeepEP timeout|DeepEP is not installed")),
-    # Megatron-Core's HybridEP dispatcher (token_dispatcher.py: "HybridEP is not installed"), HybridEP's messages.
     ("hybridep", re.compile(r"HybridEP is not installed|HybridEP (?:error|timeout)|hybrid_ep/[^\n]{0,300}Assertion|"
                             r"HybridEPBuffer::")),
     ("assertion", re.compile(r"\bAssertionError\b")),
