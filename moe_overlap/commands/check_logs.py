@@ -30,6 +30,8 @@ def _render(res) -> str:
     for c in res.checks:
         where = f" (line {c.line})" if c.line else ""
         lines.append(f"  [{c.status.upper():4}] {c.id}: {c.message}{where}")
+    if res.failure is not None:
+        lines.append(f"failure ({res.failure.kind}, line {res.failure.line}): {res.failure.text}")
     return "\n".join(lines)
 
 

@@ -34,9 +34,16 @@ def test_comm_overlap_overrides_model_as_bridge_does():
     cfg = parse_config({"model": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True},
                         "comm_overlap": {"delay_wgrad_compute": False}})
     values, paths = effective_values(cfg)
+    # Bridge writes comm_overlap's values onto the model, False for one it leaves unset (megatron-bridge 0.6.2
+    # comm_overlap.py:438-439, :559, :618), so the model's own flag is overwritten.
+    assert values["overlap_moe_expert_parallel_comm"] is False
+    assert paths["overlap_moe_expert_parallel_comm"] == "comm_overlap.overlap_moe_expert_parallel_comm"
+    assert values["delay_wgrad_compute"] is False
+    assert [n.path for n in cfg.notes if n.kind == "wrong-section"] == ["model.overlap_moe_expert_parallel_comm"]
+    # Without a comm_overlap section the model's flags stay.
+    values, paths = effective_values(parse_config({"model": {"overlap_moe_expert_parallel_comm": True}}))
     assert values["overlap_moe_expert_parallel_comm"] is True
     assert paths["overlap_moe_expert_parallel_comm"] == "model.overlap_moe_expert_parallel_comm"
-    assert values["delay_wgrad_compute"] is False
 
 
 def test_comm_overlap_overrides_ddp_grad_reduce():

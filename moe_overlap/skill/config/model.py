@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from moe_overlap.skill.config.argv import parse_argv
+from moe_overlap.skill.config.bridge import flags_turned_off, grad_reduce, overlap_flags
 from moe_overlap.skill.config.load import ConfigError, check_values, parse_text, parse_value, read_file
 from moe_overlap.skill.config.names import did_you_mean, near_miss
 
@@ -322,7 +323,8 @@ def parse_config(source: Any = None, overrides: Sequence[str] = (), *,
         cfg = OverlapConfig.model_validate(normalised)
     except ValidationError as exc:
         raise _validation_error(exc) from None
-    cfg._notes = notes
+    cfg._notes = notes + [ConfigNote(kind="wrong-section", path=path, message=message)
+                          for path, message in flags_turned_off(cfg)]
     return cfg
 
 
@@ -333,16 +335,15 @@ def effective_values(cfg: OverlapConfig) -> tuple[dict[str, Any], dict[str, str]
     for name in ModelSection.model_fields:
         values[name] = getattr(cfg.model, name)
         paths[name] = f"model.{name}"
-    for name in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"):
-        override = getattr(cfg.comm_overlap, name)
-        if override is not None:
-            values[name] = override
-        if override is not None or name not in cfg.model.model_fields_set:
-            paths[name] = f"comm_overlap.{name}"
-    for name in ("overlap_grad_reduce", "overlap_param_gather"):
-        override = getattr(cfg.comm_overlap, name)
-        values[name] = override if override is not None else getattr(cfg.ddp, name)
-        paths[name] = f"comm_overlap.{name}" if override is not None else f"ddp.{name}"
+    for name, (value, path) in overlap_flags(cfg).items():  # Bridge's precedence (bridge.py)
+        values[name] = value
+        if path:
+            paths[name] = path
+    values["overlap_grad_reduce"], paths["overlap_grad_reduce"] = grad_reduce(cfg)
+    override = cfg.comm_overlap.overlap_param_gather
+    values["overlap_param_gather"] = override if override is not None else cfg.ddp.overlap_param_gather
+    paths["overlap_param_gather"] = "comm_overlap.overlap_param_gather" if override is not None \
+        else "ddp.overlap_param_gather"
     for name in ("use_megatron_fsdp", "fsdp_double_buffer"):
         values[name] = getattr(cfg.ddp, name)
         paths[name] = f"ddp.{name}"
@@ -353,8 +354,10 @@ def effective_values(cfg: OverlapConfig) -> tuple[dict[str, Any], dict[str, str]
     elif isinstance(mp, dict):
         values["bf16"] = values["bf16"] or bool(mp.get("bf16"))
         values["fp16"] = values["fp16"] or bool(mp.get("fp16"))
-    if values["moe_enable_deepep"] and values["moe_flex_dispatcher_backend"] is None:
-        values["moe_flex_dispatcher_backend"] = "deepep"  # what Megatron-Core does with the deprecated switch
+    if values["moe_enable_deepep"] and values["moe_flex_dispatcher_backend"] != "hybridep":
+        # What Megatron-Core does with the deprecated switch: any backend but hybridep (an error of its own)
+        # becomes deepep, ncclep too (transformer_config.py __post_init__; megatron-core 0.19.2 line 1594).
+        values["moe_flex_dispatcher_backend"] = "deepep"
     if values["virtual_pipeline_model_parallel_size"] is None and values["num_layers_per_virtual_pipeline_stage"]:
         values["virtual_pipeline_model_parallel_size"] = "derived"  # Megatron-LM derives VPP from this flag
         paths["virtual_pipeline_model_parallel_size"] = "model.num_layers_per_virtual_pipeline_stage"

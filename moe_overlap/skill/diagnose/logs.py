@@ -41,16 +41,37 @@ _PATTERNS = (
 _ANY_KEY = re.compile(_KEY_ALT)
 # (kind, pattern): what makes a log not clean. Order matters only for reporting.
 _ERRORS = (
+    # DeepEP's own messages (raised as RuntimeError, or printed by its kernels' timeout checks) and Megatron-Core's
+    # "DeepEP is not installed" / "HybridEP is not installed" (megatron-core 0.19.2 token_dispatcher.py:1275, :1049);
+    # HybridEP's own asserts name its sources (csrc/hybrid_ep/...), its crashes its buffer (HybridEPBuffer::...).
+    ("deepep", re.compile(r"DeepEP error|DeepEP timeout|DeepEP is not installed")),
+    ("hybridep", re.compile(r"HybridEP is not installed|HybridEP (?:error|timeout)|hybrid_ep/[^\n]{0,300}Assertion|"
+                            r"HybridEPBuffer::")),
     ("assertion", re.compile(r"\bAssertionError\b")),
-    ("traceback", re.compile(r"Traceback \(most recent call last\)")),
+    ("cuda", re.compile(r"CUDA error|CUDA out of memory|OutOfMemoryError|illegal memory access")),
     ("nccl", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|"
                         r"ncclInvalidUsage|NCCL communicator was aborted|DistBackendError")),
     ("hang", re.compile(r"Watchdog caught collective operation timeout|collective operation timeout|"
                         r"ProcessGroupNCCL.{0,80}[Tt]imeout|[Hh]eartbeat monitor timed out|appears to be hung|"
                         r"sent no heartbeat for|[Tt]imed out waiting for|gloo.{0,80}[Tt]imed out")),
     ("gloo", re.compile(r"Connection closed by peer|Gloo connectFullMesh failed|Connection reset by peer")),
-    ("cuda", re.compile(r"CUDA error|CUDA out of memory|OutOfMemoryError|illegal memory access")),
+    # A Python exception line, with or without the "Traceback (most recent call last):" header above it (a log
+    # excerpt, interleaved ranks, a launcher that keeps only the last lines). Named exceptions only: a bare
+    # "error:" in a message is no exception.
+    ("exception", re.compile(r"\b(?:Runtime|Value|Attribute|Type|Key|Index|Import|ModuleNotFound|NotImplemented|"
+                             r"ZeroDivision|ChildFailed|DistNetwork|DistStore|Accelerator|Timeout)Error:")),
+    # A native crash: a C/CUDA assert ("Assertion `x' failed."), a segfault report, a fatal Python error.
+    ("crash", re.compile(r"Assertion [`'][^\n]{0,300}' failed|Segfault encountered|Segmentation fault|"
+                         r"Fatal Python error")),
+    ("traceback", re.compile(r"Traceback \(most recent call last\)")),
 )
+# A literal that every line of a kind holds: searched for first (at memchr speed; a pattern that starts with \b or
+# an alternation is tried at every character), the kind's pattern then confirms each line it finds.
+_TRIGGERS = {"assertion": re.compile("AssertionError"), "exception": re.compile("Error:")}
+# Which error names the failure when several kinds occur: the most specific cause first (a DeepEP timeout is
+# what the NCCL watchdog reports minutes later; a traceback header says nothing by itself).
+_CAUSE_ORDER = ("deepep", "hybridep", "cuda", "assertion", "crash", "exception", "nccl", "hang", "gloo",
+                "traceback")
 # Megatron-Bridge's apply_flex_dispatcher_backend when it cannot apply the backend (megatron-bridge 0.6.2
 # src/megatron/bridge/training/flex_dispatcher_backend.py:44-96): the run silently uses alltoall, or no flex at all.
 _FLEX_FALLBACK = re.compile(r"Falling back to alltoall|Skipping flex dispatcher(?: backend)? configuration", re.I)
@@ -67,7 +88,8 @@ class LogCheck(BaseModel):
 
 
 class LogError(BaseModel):
-    kind: Literal["assertion", "traceback", "nccl", "hang", "gloo", "cuda"]
+    kind: Literal["deepep", "hybridep", "assertion", "cuda", "nccl", "hang", "gloo", "exception", "crash",
+                  "traceback"]
     line: int
     text: str
 
@@ -78,6 +100,9 @@ class LogCheckResult(BaseModel):
     effective_config: dict[str, Any] = Field(description="last logged value of each overlap key")
     checks: list[LogCheck]
     errors: list[LogError] = Field(default_factory=list, description="first 20 error lines")
+    failure: LogError | None = Field(None, description=(
+        "the error line that names the failure: the first line of the most specific kind found (DeepEP, "
+        "HybridEP, CUDA, assertion, native crash, other exception, NCCL, hang, gloo, bare traceback header)"))
     lines: int
 
 
@@ -87,14 +112,19 @@ def _value(text: str) -> Any:
 
 _ITERATION = re.compile(r"\biteration[ \t]{1,64}\d{1,12}/")
 _BRIDGE_SECTION = re.compile(r"comm_overlap[ \t]*:")
-_ANY_ERROR = re.compile("|".join(f"(?:{pat.pattern})" for _, pat in _ERRORS))
 MAX_ERRORS_KEPT = 20  # LogCheckResult.errors: the first ones; each check still counts them all
+
+
+# A line of Megatron-LM's argument dump ("  moe_token_dispatcher_type ....... alltoall"): an excerpt often lacks
+# the block's header. Anchored at a line start, every repeat bounded or followed by a fixed character: linear.
+_ARG_LINE = re.compile(r"^[ \t]{1,4}[a-z][a-z0-9_]{0,80} \.{3,}[ \t]", re.MULTILINE)
 
 
 def _detect_format(text: str) -> str:
     if "[moe-overlap]" in text:
         return "moe-overlap"
-    if "------------------------ arguments ------------------------" in text or _ITERATION.search(text):
+    if ("------------------------ arguments ------------------------" in text or _ITERATION.search(text)
+            or _ARG_LINE.search(text)):
         return "megatron-lm"
     if any(strip_prefixes(line).lstrip(" \t").startswith("comm_overlap")
            for _, _, line in lines_matching(_BRIDGE_SECTION, text)) \
@@ -127,22 +157,38 @@ class _Scan:
                     self.found[m.group(1)] = (_value(m.group(2)), n, raw.strip()[:200])
                 if hits:
                     break
-        for n, start, raw in lines_matching(_ANY_ERROR, text):
-            line = strip_prefixes(raw)
-            kind = next(k for k, pat in _ERRORS if pat.search(line) or pat.search(raw))
-            self._error(kind, n, raw, text, start)
+        # One pass per kind: a pattern searched alone runs at C speed (a literal one at memchr speed), while one
+        # alternation of them all costs their sum many times over. A line may so count for two kinds
+        # ("RuntimeError: DeepEP error: ..." is a DeepEP error and a Python exception); the kept list shows it once.
+        kept: list[LogError] = []
+        for kind, pat in _ERRORS:
+            trigger = _TRIGGERS.get(kind)
+            for n, start, raw in lines_matching(trigger or pat, text):
+                if trigger is not None and not pat.search(raw):
+                    continue
+                err = self._error(kind, n, raw, text, start)
+                if err is not None:
+                    kept.append(err)
+        seen: set[int] = set()
+        for err in sorted(kept, key=lambda e: e.line):  # stable: on one line the kind listed first in _ERRORS wins
+            if err.line not in seen and len(self.errors) < MAX_ERRORS_KEPT:
+                seen.add(err.line)
+                self.errors.append(err)
         return line_count(text)
 
-    def _error(self, kind: str, n: int, raw: str, text: str, start: int) -> None:
+    def _error(self, kind: str, n: int, raw: str, text: str, start: int) -> LogError | None:
+        """Count one error line; return it when it is among the first MAX_ERRORS_KEPT of its kind."""
+        count = self.count[kind] = self.count.get(kind, 0) + 1
+        keep = count <= MAX_ERRORS_KEPT
+        if not keep and kind != "assertion":
+            return None
         err = LogError(kind=kind, line=n, text=raw.strip()[:300])
-        self.count[kind] = self.count.get(kind, 0) + 1
         self.first.setdefault(kind, err)
-        if len(self.errors) < MAX_ERRORS_KEPT:
-            self.errors.append(err)
         if kind == "assertion" and (_OVERLAP_ASSERT.search(err.text) or any(
                 _OVERLAP_ASSERT.search(x[:KEY_LINE_CHARS]) for x in lines_before(text, start, 6))):
             self.overlap_asserts += 1
             self.first_overlap_assert = self.first_overlap_assert or err
+        return err if keep else None
 
 
 def _flag_check(cid: str, key: str, found, expect: bool | None) -> LogCheck:
@@ -190,14 +236,17 @@ def check_training_log(text: str, *, expect_overlap: bool | None = True,
         if overlap_on and d_value not in ("alltoall", "flex"):
             status, msg = "fail", msg + ": EP overlap needs alltoall or flex"
         checks.append(LogCheck(id="dispatcher-logged", status=status, message=msg, line=d_line, evidence=d_text))
-    if backend is not None and backend[0] is not None:
-        is_flex = dispatcher is not None and dispatcher[0] == "flex"
-        checks.append(LogCheck(
-            id="flex-backend-active", status="pass" if is_flex else "fail", line=backend[1], evidence=backend[2],
-            message=f"moe_flex_dispatcher_backend = {backend[0]}" + (" with the flex dispatcher" if is_flex else
-                    ": set without moe_token_dispatcher_type=flex, so it has no effect "
-                    "(use apply_flex_dispatcher_backend)")))
-    elif dispatcher is not None and dispatcher[0] == "flex":
+    is_flex = dispatcher is not None and dispatcher[0] == "flex"
+    if backend is not None and backend[0] is not None and is_flex:
+        checks.append(LogCheck(id="flex-backend-active", status="pass", line=backend[1], evidence=backend[2],
+                               message=f"moe_flex_dispatcher_backend = {backend[0]} with the flex dispatcher"))
+    elif backend is not None and backend[0] is not None:
+        # Megatron-LM prints every argument, so its default backend (deepep: transformer_config.py, megatron-core
+        # 0.19.2 line 869) appears whatever the dispatcher; Bridge's YAML dump does the same. Only flex reads it.
+        checks.append(LogCheck(id="flex-backend-active", status="info", line=backend[1], evidence=backend[2],
+                               message=f"moe_flex_dispatcher_backend = {backend[0]} is not used: the dispatcher is "
+                                       f"{dispatcher[0] if dispatcher else 'not logged'}, and only flex reads it"))
+    elif is_flex:
         checks.append(LogCheck(id="flex-backend-active", status="warn", line=dispatcher[1],
                                message="flex dispatcher without a logged moe_flex_dispatcher_backend"))
     checks.append(_fallback_check(text))
@@ -205,6 +254,8 @@ def check_training_log(text: str, *, expect_overlap: bool | None = True,
                               "config (CommOverlapConfig / TransformerConfig)"),
                              ("no-assertion-errors", ("assertion",), "AssertionError"),
                              ("no-tracebacks", ("traceback",), "Python traceback"),
+                             ("no-exceptions", ("exception", "crash"), "Python exception or native crash"),
+                             ("no-dispatcher-errors", ("deepep", "hybridep"), "DeepEP / HybridEP error"),
                              ("no-nccl-errors", ("nccl", "gloo", "cuda"), "NCCL / gloo / CUDA error"),
                              ("no-hangs", ("hang",), "hang or collective timeout")):
         if kinds is None:
@@ -219,5 +270,6 @@ def check_training_log(text: str, *, expect_overlap: bool | None = True,
         else:
             checks.append(LogCheck(id=cid, status="pass", message=f"no {what}"))
     effective = {k: v[0] for k, v in found.items()}
+    failure = next((scan.first[k] for k in _CAUSE_ORDER if k in scan.first), None)
     return LogCheckResult(ok=not any(c.status == "fail" for c in checks), format=_detect_format(text),
-                          effective_config=effective, checks=checks, errors=scan.errors, lines=lines)
+                          effective_config=effective, checks=checks, errors=scan.errors, failure=failure, lines=lines)

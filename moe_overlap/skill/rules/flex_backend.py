@@ -49,8 +49,8 @@ def apply_flex_dispatcher_backend(config: dict[str, Any], backend: str | None,
     if not experts:
         notes.append("num_moe_experts is not set or 0: not an MoE model, flex dispatcher not applied")
         return new, notes
-    if backend not in BACKENDS:
-        notes.append(f"{backend!r} is not a flex dispatcher backend ({', '.join(BACKENDS)}): nothing changed")
+    if backend not in (*BACKENDS, "ncclep"):  # Bridge applies ncclep too (flex_dispatcher_backend.py:80-88)
+        notes.append(f"{backend!r} is not a flex dispatcher backend ({', '.join(BACKENDS)}, ncclep): nothing changed")
         return new, notes
     name, capability = parse_gpu(gpu) if gpu else (None, None)
     supported = backend_supported(backend, name, capability) if gpu else None
