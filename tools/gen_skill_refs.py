@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Regenerate the tables of the skill's references that restate data: the constraint table of
-references/constraints.md (from card.yaml's constraints), the per-release table of references/releases.md and the
-upstream lines of references/upstream-lines.md (both from the rules, moe_overlap/skill/rules/). Each table sits between `<!-- generated:NAME -->` and
-`<!-- /generated -->`; the prose around it is written by hand.
+"""Regenerate the tables of the skill's references that restate data: the constraint tables of
+references/constraints.md and references/constraints-wgrad-flex.md (from card.yaml's constraints), the per-release
+table of references/releases.md and the upstream lines of references/upstream-lines.md (both from the rules,
+moe_overlap/skill/rules/). Each table sits between `<!-- generated:NAME -->` and `<!-- /generated -->`; the prose
+around it is written by hand.
 
     python tools/gen_skill_refs.py          # write
     python tools/gen_skill_refs.py --check  # exit 1 if a committed table is stale (tests/unit/test_skill_facts.py)
@@ -32,10 +33,17 @@ def _cell(text: str) -> str:
     return " ".join(text.replace("|", "\\|").split())
 
 
-def constraints_table() -> str:
-    """One row per card constraint: id, when, requires, severity, releases, checked by."""
+# The constraint table is split over two pages (each under ~7,000 characters): the rules of delayed wgrad (and its
+# one-micro-batch alternative) and of the flex backends go to the second, by id.
+WGRAD_FLEX = ("wgrad-", "dispatch-wgrad-", "flex-", "deepep-", "ncclep-")
+
+
+def constraints_table(wgrad_flex: bool = False) -> str:
+    """One row per card constraint of the page's families: id, when, requires, severity, releases, checked by."""
     lines = ["| id | when | requires | severity | releases | checked by |", "|---|---|---|---|---|---|"]
     for c in load_card(SKILL).constraints:
+        if c.id.startswith(WGRAD_FLEX) != wgrad_flex:
+            continue
         when = "overlap on" if c.applies_when == OVERLAP_ON else c.applies_when
         who = ", ".join(CHECKERS[k] for k in c.checked_by)
         lines.append(f"| `{c.id}` | {_cell(when)} | {_cell(c.requires)} | {c.severity} | {c.releases} | {who} |")
@@ -74,7 +82,9 @@ def upstream_table() -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {"constraints.md": ("constraints", constraints_table), "releases.md": ("releases", releases_table),
+BLOCKS = {"constraints.md": ("constraints", constraints_table),
+          "constraints-wgrad-flex.md": ("constraints", lambda: constraints_table(wgrad_flex=True)),
+          "releases.md": ("releases", releases_table),
           "upstream-lines.md": ("upstream", upstream_table)}
 
 
