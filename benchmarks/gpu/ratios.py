@@ -7,12 +7,14 @@ baseline_ms / schedule_ms. `nodes` (the 1F1B node functions run one after anothe
 it is 5-11 % slower than `none` at some shapes, so a ratio against it flatters the overlap.
 
     python benchmarks/gpu/ratios.py FILE.json [--partner FILE.json | --no-partner] [--markdown]
+    python benchmarks/gpu/ratios.py docs/benchmarks.md --update   # the doc's generated ratio tables
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -112,13 +114,26 @@ def markdown(res: dict, schedules: tuple[str, ...] = ("none", "nodes", "1f1b", "
     return "\n".join(lines)
 
 
+BLOCK = re.compile(r"(<!-- ratios: (\S+) -->\n)(.*?)(<!-- /ratios -->)", re.S)
+
+
+def update_doc(text: str, root: Path = Path(".")) -> str:
+    """Regenerate every `<!-- ratios: FILE -->` ... `<!-- /ratios -->` block of a markdown text from FILE."""
+    return BLOCK.sub(lambda m: m.group(1) + markdown(ratios(root / m.group(2))) + "\n" + m.group(4), text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("file")
+    ap.add_argument("file", help="a results JSON, or with --update a markdown file whose ratio blocks to redo")
+    ap.add_argument("--update", action="store_true", help="rewrite FILE's `<!-- ratios: ... -->` blocks")
     ap.add_argument("--partner", default=None, help="the same call's file with the other transport")
     ap.add_argument("--no-partner", action="store_true", help="only this file's own `none`")
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args(argv)
+    if a.update:
+        path = Path(a.file)
+        path.write_text(update_doc(path.read_text(encoding="utf-8")), encoding="utf-8")
+        return 0
     res = ratios(a.file, False if a.no_partner else (a.partner or True))
     print(markdown(res) if a.markdown else json.dumps(res, indent=1))
     return 0
