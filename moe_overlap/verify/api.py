@@ -167,6 +167,8 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
                                    nproc=plan.nproc, python=sys.version.split()[0], torch=torch_version,
                                    platform=platform.platform(), hostname=socket.gethostname(),
                                    fabric=plan.fabric, a2a_transport=init.get("transport"),
+                                   baseline_transport=init.get("baseline_transport"),
+                                   a2a_alone_ms=init.get("a2a_alone_ms"),
                                    sm_margin=init.get("sm_margin"), graphs=init.get("graphs")))
     return write_outputs(report, plan.out)
 
