@@ -21,6 +21,7 @@ REGISTRY = json.loads((ROOT / "benchmarks/results/quoted_ratios.json").read_text
 TOKEN = re.compile(r"(?<![\d.])(\d\.\d{3})(?:-(\d\.\d{3}))?x|x(\d\.\d{3})(?:-(\d\.\d{3}))?(?![\d])")
 CARD = "skills/perf-expert-parallel-overlap/card.yaml"
 WILL_IT_PAY = "skills/perf-expert-parallel-overlap/references/will-it-pay.md"
+SKILL = "skills/perf-expert-parallel-overlap/SKILL.md"
 
 
 def _text(name: str) -> str:
@@ -102,14 +103,15 @@ def test_quote_recomputes_from_its_file(claim):
 def _scanned() -> dict[str, str]:
     """The texts whose every three-decimal ratio must be registered: docs/benchmarks.md's EP 2 sections (the
     generated tables left out: test_generated_tables covers them), the README, the card's rows of our own
-    measurements, will-it-pay.md's section on them."""
+    measurements, will-it-pay.md's section on them, SKILL.md."""
     bench = R.BLOCK.sub("", _text("docs/benchmarks.md"))
     ep2 = "\n".join(s for s in re.split(r"\n(?=## )", bench) if s.startswith("## Two H200s"))
     card = yaml.safe_load(_text(CARD))
     rows = [r for r in card["expected_metric_change"] if str(r.get("source", "")).startswith("moe-overlap-h200")]
     pay = _text(WILL_IT_PAY)
     return {"docs/benchmarks.md": ep2, "README.md": _text("README.md"),
-            CARD: "\n".join(str(r["magnitude"]) for r in rows), WILL_IT_PAY: pay[pay.index("## This package"):]}
+            CARD: "\n".join(str(r["magnitude"]) for r in rows), WILL_IT_PAY: pay[pay.index("## This package"):],
+            SKILL: _text(SKILL)}
 
 
 def test_every_quoted_ratio_is_registered():
