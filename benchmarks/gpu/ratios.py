@@ -68,6 +68,8 @@ def fastest_none(docs: list[dict], preset_name: str) -> tuple[float, str]:
         p = next((p for p in d["presets"] if p["preset"] == preset_name), None)
         if p is not None and _row(p, "none") is not None:
             cands.append((_row(p, "none")["total_ms"], _TRANSPORT.get(d.get("a2a"), str(d.get("a2a")))))
+        if p is not None and _row(p, "none-nccl") is not None:  # ep_overlap.py's own NCCL `none` beside ce
+            cands.append((_row(p, "none-nccl")["total_ms"], "NCCL"))
     if not cands:
         raise ValueError(f"no `none` row for preset {preset_name}")
     return min(cands)

@@ -170,3 +170,25 @@ def test_ep_overlap_writes_speedup_against_none():
     assert rows["1f1b"]["speedup_vs_nodes"] == pytest.approx(2.5 / 2.2)  # ... though faster than nodes
     assert rows["1f1b"]["reference_role"] == "diagnostic"
     assert "speedup_vs_nodes" not in rows["chunked:2"]
+
+
+def test_a_copy_engine_run_times_none_over_nccl_too(tmp_path):
+    """ep_overlap.py with --a2a ce times `none` over NCCL as well; the faster `none` is the baseline."""
+    from benchmarks.gpu import ep_overlap
+
+    keys = ["none/fwd", "none/bwd", "none-nccl/fwd", "none-nccl/bwd", "nodes/fwd", "nodes/bwd"]
+    t = {k: {"median_ms": 1.0} for k in keys}
+    t["none/fwd"] = {"median_ms": 1.4}  # copy engines slower alone, as at the Qwen3 shape
+    t.update({"1f1b/pair": {"median_ms": 2.1}, "1f1b+wgrad/pair": {"median_ms": 2.1}})
+    t.update({f"alone/{k}": {"median_ms": 0.5} for k in ("a2a dispatch", "a2a combine", "a2a grad-combine",
+                                                         "a2a grad-dispatch", "experts fwd", "experts dgrad",
+                                                         "experts wgrad", "count exchange")})
+    derived = ep_overlap.derive({"times": t}, [])
+    rows = {r["schedule"]: r for r in derived["rows"]}
+    assert rows["1f1b"]["speedup_vs_fastest_none"] == pytest.approx(2.0 / 2.1)
+    doc = {"date": "2026-12-01T00:00:00+00:00", "fabric": "native", "a2a": "ce", "world": 2,
+           "presets": [{"preset": "p", **derived}]}
+    path = tmp_path / "ce.json"
+    path.write_text(json.dumps(doc))
+    res = R.ratios(path)["presets"]["p"]
+    assert res["baseline_transport"] == "NCCL" and res["baseline_ms"] == pytest.approx(2.0)
