@@ -86,6 +86,12 @@ def _layer_rows(layer, block, x0, x1, gout, clock, comm, chunk_list, margins=())
                                                                                      comm_stream=s, **extra))
         clock(f"{key}/bwd", lambda out=out: out.backward(gout))
         del out, x
+    if comm.transport is not None:  # the overlap-off run a user makes may take NCCL: its `none` too (ratios.py)
+        layer.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        out, _ = clock("none-nccl/fwd", lambda x=x: layer(x, schedule="none", **dict(extra, transport=None)))
+        clock("none-nccl/bwd", lambda out=out: out.backward(gout))
+        del out, x
     x_BSD, x1_BSD, g_BSD = x0.unsqueeze(0), x1.unsqueeze(0), gout.unsqueeze(0)
     layer.zero_grad(set_to_none=True)
     ctx = NodeContext(group=group, comm_stream=None, store=None, grad_scale=1.0, **extra)

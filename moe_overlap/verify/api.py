@@ -40,7 +40,14 @@ from moe_overlap.verify.judge.report_model import (
     StepRecord,
     VerificationReport,
 )
-from moe_overlap.verify.plan.build import Plan, VerifyInputError, make_plan, prepare_out, validate_modes
+from moe_overlap.verify.plan.build import (
+    Plan,
+    VerifyInputError,
+    ep1_check,
+    make_plan,
+    prepare_out,
+    validate_modes,
+)
 from moe_overlap.verify.plan.options import VerifyOptions
 from moe_overlap.verify.plan.plan_file import save_plan
 from moe_overlap.verify.run.interrupts import interrupts_once
@@ -121,12 +128,16 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
     launch_ev = {"status": result.status, "message": result.message, "returncodes": result.returncodes,
                  "elapsed_s": round(result.elapsed_s, 2), "pids": result.pids, "ranks": result.ranks}
     # On CPU, gloo ranks on shared cores are not the workload overlap is for: measured, reported, not judged.
-    throughput_binding = plan.device == "cuda"
+    # At EP 1 on one GPU (the tool's EP 1 check) there is nothing to overlap: measured, reported, not judged.
+    throughput_binding = plan.device == "cuda" and not ep1_check(plan)
     criteria = [criterion_validation(validation), criterion_completion(launch_ev, runs, plan.cfg.steps, log_checks),
                 criterion_throughput(runs, plan.device, throughput_binding), criterion_loss(runs, plan.cfg.precision)]
     v = verdict(result.status, criteria)
     notes = list(plan.notes) + list(extra_notes)
-    if not throughput_binding:
+    if ep1_check(plan):
+        notes.append("EP 1 check: throughput is measured but not judged (at EP 1 there is no all-to-all for the "
+                     "overlap to hide): the verdict is at best throughput-not-judged")
+    elif not throughput_binding:
         notes.append("throughput is measured but not judged on --device cpu (gloo on shared CPU cores is not the "
                      "target workload): the verdict is at best throughput-not-judged; run with --device cuda for "
                      "a judged throughput criterion")
@@ -167,6 +178,8 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
                                    nproc=plan.nproc, python=sys.version.split()[0], torch=torch_version,
                                    platform=platform.platform(), hostname=socket.gethostname(),
                                    fabric=plan.fabric, a2a_transport=init.get("transport"),
+                                   baseline_transport=init.get("baseline_transport"),
+                                   a2a_alone_ms=init.get("a2a_alone_ms"),
                                    sm_margin=init.get("sm_margin"), graphs=init.get("graphs")))
     return write_outputs(report, plan.out)
 

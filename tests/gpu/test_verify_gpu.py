@@ -64,3 +64,26 @@ def test_verify_on_two_gpus_with_fabric_or_transport(tmp_path, opts):
         assert env.fabric == "emulated-net"
     else:
         assert env.a2a_transport.startswith("ce: copy engines"), env.a2a_transport
+
+
+def test_one_gpu_is_an_ep1_check_not_failed_by_its_own_downgrade(tmp_path, monkeypatch):
+    """Issue 28: `moe-overlap verify --device cuda` on one GPU (the others hidden from the plan): the GPU-sized
+    embedded model at EP 1, never FAILED by the tool's EP change, GEMMs (not the host) filling the step."""
+    from moe_overlap.verify.plan import build
+
+    monkeypatch.setattr(build, "cuda_device_count", lambda: 1)
+    report = run_verification(VerifyOptions(device="cuda", out=tmp_path / "run"))
+    assert report.verdict == "throughput-not-judged", report.summary
+    assert report.notes[0].startswith(build.EP1_CHECK)
+    steps = [s for r in report.runs for s in r.steps[1:]]
+    assert max(s.host_issue_s / s.step_time_s for s in steps) < 0.5, [(s.host_issue_s, s.step_time_s) for s in steps]
+
+
+def test_two_gpus_baseline_takes_the_faster_transport(tmp_path):
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    report = run_verification(VerifyOptions(device="cuda", nproc=2, steps=6, micro_batches=2, out=tmp_path / "run"))
+    env = report.environment
+    times = env.a2a_alone_ms
+    assert set(times) == {"nccl", "ce"}, env
+    assert env.baseline_transport.startswith(min(times, key=times.get) + ": the faster alone"), env

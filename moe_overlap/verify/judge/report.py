@@ -133,6 +133,8 @@ def render_markdown(report: VerificationReport) -> str:
              f"{cfg.get('steps')} steps x {cfg.get('micro_batches')} micro-batches",
              f"- command: `{report.command}`" if report.command else "",
              f"- fabric {report.environment.fabric}; all-to-all: {report.environment.a2a_transport or 'not recorded'}"
+             + (f"; the baseline's: {report.environment.baseline_transport}"
+                if report.environment.baseline_transport else "")
              + (f"; SM margin of the 1f1b expert GEMMs: {report.environment.sm_margin}"
                 if report.environment.sm_margin else "")
              + (f"; CUDA graphs: {report.environment.graphs}" if report.environment.graphs else ""),

@@ -98,8 +98,13 @@ class RunEnvironment(_Model):
     platform: str
     hostname: str
     fabric: str = Field("native", description="NCCL fabric of the ranks (ep/fabric.py): native or emulated-net")
-    a2a_transport: str | None = Field(None, description="the all-to-all transport the ranks used, and why "
+    a2a_transport: str | None = Field(None, description="the all-to-all transport the overlap modes used, and why "
                                                         "(ep/transport.py)")
+    baseline_transport: str | None = Field(None, description="the baseline's all-to-all transport and why: with "
+                                           "--a2a auto the faster alone of NCCL and copy engines "
+                                           "(verify/run/baseline_transport.py)")
+    a2a_alone_ms: dict[str, float] | None = Field(None, description="the baseline's candidates, one all-to-all "
+                                                  "of the run's dispatch each, median ms (slowest rank)")
     sm_margin: str | None = Field(None, description="SMs the 1f1b expert GEMMs left to the all-to-all kernels, "
                                                     "and why (ep/sm_margin.py)")
     graphs: str | None = Field(None, description="whether the experts nodes were replayed from CUDA graphs, and "

@@ -37,7 +37,9 @@ class VerifyOptions(BaseModel):
     a2a: Literal["nccl", "ce", "auto"] | None = Field(
         None, description="all-to-all transport (ep/transport.py): nccl, ce (copy engines, one host), auto; "
                           "default: auto on cuda with the native fabric (copy engines when every rank is on one "
-                          "host, NCCL otherwise), the process group's own otherwise (NCCL, gloo on cpu)")
+                          "host, NCCL otherwise), the process group's own otherwise (NCCL, gloo on cpu). With auto "
+                          "the baseline takes the faster alone of NCCL and copy engines, timed in the ranks before "
+                          "training (report.json: environment.baseline_transport, a2a_alone_ms)")
     sm_margin: Annotated[int, Field(ge=0, le=1024, strict=True)] | Literal["auto"] = Field(
         "auto", description="cuda, 1f1b: SMs the expert GEMMs leave to the all-to-all kernels beside them "
                             "(ep/sm_margin.py); auto: 8 for NCCL over a network link (several hosts, or "

@@ -2,7 +2,8 @@
 
 launcher.py (local ranks under a heartbeat watchdog), ranks.py (spawn_ranks for in-process callers),
 launch_print.py (the torchrun command and environment a user runs by hand), worker.py (one rank:
-``python -m moe_overlap.verify.run.worker``), train.py (the training loop, torch), corpus.py + data/corpus.txt
+``python -m moe_overlap.verify.run.worker``), baseline_transport.py (the baseline's all-to-all: the faster alone
+of NCCL and copy engines under --a2a auto), train.py (the training loop, torch), corpus.py + data/corpus.txt
 (the tokens), records.py (per-step records and logs), interrupts.py (Ctrl-C), progress.py (one growing count).
 Torch only inside the ranks.
 

@@ -205,9 +205,14 @@ def main(argv: list[str] | None = None) -> int:
                                 **({"device_id": device} if backend == "nccl" else {}))
         group = dist.group.WORLD
         counts_group, transport, transport_note, margin, margin_note = _comm_setup(cfg, args, group, device, world)
+        from moe_overlap.verify.run.baseline_transport import baseline_setup
+
+        base_transport, transport, transport_note, base_note, a2a_ms = baseline_setup(
+            cfg, args.a2a, args.sync_free, group, device, world, counts_group, transport, transport_note)
         graphs_on, graphs_note = graphs_setting(args, device)
         rec.emit("init", backend=backend, device=str(device), torch=torch.__version__, fabric=args.fabric,
-                 a2a=args.a2a, transport=transport_note, counts_group="gloo" if counts_group is not None else None,
+                 a2a=args.a2a, transport=transport_note, baseline_transport=base_note, a2a_alone_ms=a2a_ms,
+                 counts_group="gloo" if counts_group is not None else None,
                  sm_margin=margin_note, graphs=graphs_note, sync_free=args.sync_free)
         logs = {}
         for spec in specs:
@@ -227,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                 mode = spec.name
                 runners.append(ModeRunner(cfg, spec, group, device, rec.emit, logger(spec.name),
                                           fault=args.inject_fault, counts_group=counts_group,
-                                          transport=transport, sm_margin=margin, graphs=graphs_on,
+                                          transport=transport if spec.overlap else base_transport,
+                                          sm_margin=margin, graphs=graphs_on,
                                           sync_free=args.sync_free))
             # Round-robin over the modes, one step each (see ModeRunner: fair throughput comparison); past
             # cfg.steps only while the throughput judgement is not settled (every rank decides alike).
