@@ -35,6 +35,22 @@ TICK_AFTER_S = 1.0  # ticks start when no event came for this long ...
 TICK_EVERY_S = 1.0  # ... and come at most this often
 
 
+def record_event(rec: dict[str, Any], *, nproc: int, max_steps: int) -> dict[str, Any] | None:
+    """The progress event (verify.api's callback) that one of rank 0's records stands for, if any: the same
+    for the local launcher and for a batch job whose records are read from the shared folder."""
+    kind = rec.get("kind")
+    if kind == "hello":
+        return {"event": "ranks", "nproc": nproc}
+    if kind == "init":
+        return {"event": "init", "backend": rec.get("backend")}
+    if kind == "mode_start":
+        return {"event": "mode", "mode": rec.get("mode"), "schedule": rec.get("schedule")}
+    if kind == "step" and isinstance(rec.get("step"), int):
+        return {"event": "step", "mode": rec.get("mode"), "step": rec["step"] + 1, "steps": max_steps,
+                "loss": rec.get("loss")}
+    return None
+
+
 class RunProgress(BaseModel):
     done: float = Field(description="units finished (one unit: one step of one mode; start-up and judging "
                                     "count too)")
