@@ -136,7 +136,10 @@ def run(args) -> int:
             from moe_overlap.verify.run.launch_print import cluster_shape, slurm_script, torchrun_command
 
             plan = make_plan(options, local=False)
-            nodes, per_node = cluster_shape(plan, options.nodes, options.gpus_per_node)
+            given = options.nodes is not None or options.gpus_per_node is not None
+            # torchrun without --nodes/--gpus-per-node: one agent for all ranks (what it printed before)
+            nodes, per_node = (cluster_shape(plan, options.nodes, options.gpus_per_node)
+                               if given or args.print_launch == "slurm" else (1, plan.nproc))
             write_plan(plan)
             print(torchrun_command(plan, nnodes=nodes, nproc_per_node=per_node) if args.print_launch == "torchrun"
                   else slurm_script(plan, nodes=nodes, gpus_per_node=per_node, partition=options.partition,
