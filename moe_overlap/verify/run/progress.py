@@ -118,6 +118,17 @@ class ProgressTracker:
             else:
                 pending = "the ranks finishing (logs, timings, exit)"
             return self._set(START_UNITS + m + (s - 1) * m + i + 1, "training", text, pending)
+        if kind == "slurm":  # the batch job's state (slurm_run.py): said within the current unit
+            why = f" ({event['reason']})" if event.get("reason") not in (None, "None") else ""
+            self._pending = f"Slurm job {event.get('job_id')}: {event.get('state')}{why}"
+            if self.current is None:
+                return None
+            done = round(min(self.current.done + TICK_STEP, self._base + TICK_SHARE), 2)
+            if done <= self.current.done:
+                return None
+            self.current = RunProgress(done=done, total=self.total, phase=self.current.phase, message=self._pending)
+            self.history.append(self.current)
+            return self.current
         if kind == "judge":
             return self._set(self.total - 1, "judging", "training done; judging: losses, throughput, logs",
                              "judging: losses, throughput, logs")
