@@ -3,7 +3,8 @@
 # packages when missing, writes a slurm.conf for this host only (no cgroup, no accounting database), starts
 # munged, slurmctld and slurmd as plain daemons (no systemd) and waits until `sinfo` shows the node idle.
 # Idempotent: a second call finds the daemons up and returns at once. Needs root (apt, daemons as root).
-# Usable by hand too:  sudo bash tests/slurm/setup_slurm.sh
+# Usable by hand too:  sudo bash tests/slurm/setup_slurm.sh   (MOE_OVERLAP_SLURM_NO_INSTALL=1: start only, the
+# tests' own call when not in CI, so that a test run never installs system packages unasked)
 # Exit 0: Slurm is up. Exit 3: it could not be set up; the last line on stderr says why (the tests skip with it).
 set -uo pipefail
 
@@ -21,6 +22,7 @@ fi
 [ "$(id -u)" = 0 ] || fail "needs root to install packages and start the daemons (run it with sudo)"
 
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
+  [ "${MOE_OVERLAP_SLURM_NO_INSTALL:-0}" = 1 ] && fail "slurm-wlm/munge are not installed (to install them and start a one-host Slurm: sudo bash tests/slurm/setup_slurm.sh)"
   command -v apt-get >/dev/null || fail "slurm-wlm is not installed and there is no apt-get to install it"
   echo "setup_slurm: installing slurm-wlm and munge (apt-get)"
   export DEBIAN_FRONTEND=noninteractive

@@ -56,13 +56,33 @@ def _run(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
     return res
 
 
+# Every job this process submitted and has not seen end: what cancel_every_job() scancels when the process
+# itself must stop now (the MCP server on SIGTERM or when its client is gone; mcp/jobs.py).
+_LIVE: set[str] = set()
+
+
 def submit(script: Path) -> str:
     """sbatch the script from its own folder; returns the job id."""
     res = _run(["sbatch", "--parsable", str(script)])
     job_id = res.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
     if not re.fullmatch(r"\d+(_\d+)?", job_id):
         raise SlurmError(f"sbatch printed no job id: {res.stdout.strip()[:200]!r}")
+    _LIVE.add(job_id)
     return job_id
+
+
+def forget(job_id: str) -> None:
+    _LIVE.discard(job_id)
+
+
+def cancel_every_job() -> None:
+    """scancel every job this process submitted that is not known to have ended (does not wait)."""
+    ids = sorted(_LIVE)
+    if ids and shutil.which("scancel"):
+        try:
+            subprocess.run(["scancel", *ids], capture_output=True, timeout=CMD_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
 
 def _hostnames(nodelist: str) -> list[str] | None:

@@ -148,6 +148,7 @@ def run_on_slurm(options: VerifyOptions, progress: Progress | None = None,
             if not watch.state.ended or slurm_job.in_queue(job_id):
                 watch.state = slurm_job.cancel(job_id)
         final = watch.poll_state(force=True)
+        slurm_job.forget(job_id)
         watch.poll_records()
         emit({"event": "judge"})
         report = judge_run_dir(plan.out, cluster_job=_job_record(final, script), ended=ended,
