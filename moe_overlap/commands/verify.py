@@ -130,6 +130,12 @@ def run(args) -> int:
     from moe_overlap.verify.plan.build import VerifyInputError, make_plan
 
     options = _options(args)
+    cluster = [f for f, v in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node),
+                              ("--partition", args.partition), ("--account", args.account),
+                              ("--time", args.time_limit)) if v is not None]
+    if cluster and args.launcher == "local" and not args.print_launch:
+        raise CommandError(f"{', '.join(cluster)}: only with --launcher slurm or --print-launch (a local run uses "
+                           "this machine)", field="launcher")
     try:
         if args.print_launch:
             from moe_overlap.verify.judge.offline import write_plan

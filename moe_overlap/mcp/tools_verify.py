@@ -165,8 +165,13 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
             plan = make_plan(options, local=inp.launcher == "local")  # input errors: a ToolError, before any job
             if inp.launcher == "slurm":
                 from moe_overlap.verify.run.launch_print import cluster_shape
+                from moe_overlap.verify.run.slurm_job import SlurmError, require_client
 
                 cluster_shape(plan, job.nodes, job.gpus_per_node)
+                try:
+                    require_client()
+                except SlurmError as exc:
+                    raise VerifyInputError(exc.message, field="launcher", fix=exc.fix) from None
         except (VerifyInputError, ValueError) as exc:
             raise as_tool_error(exc, "config") from None
         return options

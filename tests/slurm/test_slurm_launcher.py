@@ -141,3 +141,18 @@ async def test_mcp_run_and_cancel_verification(slurm, tmp_path, monkeypatch):
     finally:
         srv.jobs.shutdown(wait_s=60)
     assert_no_orphans(token)
+
+
+def test_a_rank_crash_ends_the_job_failed_and_names_the_rank(slurm, tmp_path, monkeypatch):
+    """The job ends by itself (a rank raises at step 1): Slurm's state and exit code are tracked and the
+    report names the rank."""
+    token = new_token(monkeypatch)
+    out = tmp_path / "run"
+    res = _verify(*SMALL, "--steps", "3", "--inject-fault", "crash:1:overlap:1", "--out", str(out))
+    assert res.returncode == 1, res.stderr[-3000:]
+    report = assert_report_valid(out)
+    assert report["verdict"] == "crashed" and report["failure"]["rank"] == 1, report["failure"]
+    job = report["cluster_job"]
+    assert job["state"] == "FAILED" and job["exit_code"] != "0:0", job
+    assert f"Slurm job {job['job_id']}: FAILED" in res.stderr and not in_queue(job["job_id"])
+    assert_no_orphans(token)

@@ -60,7 +60,8 @@ def cluster_shape(plan: Plan, nodes: int | None = None, per_node: int | None = N
 
 
 def torchrun_command(plan: Plan, *, nnodes: int = 1, nproc_per_node: int | None = None,
-                     config_path: str | None = None, rdzv: bool | None = None, rdzv_id: str | None = None) -> str:
+                     config_path: str | None = None, rdzv: bool | None = None, rdzv_id: str | None = None,
+                     extra: list[str] = ()) -> str:
     """The torchrun line; with several nodes (or `rdzv`) a c10d rendezvous at $MASTER_ADDR:$MASTER_PORT that
     every node's agent joins (the group ranks follow the order the agents join, so no --node-rank is needed)."""
     config_path = config_path or str(plan.out / "config.json")
@@ -69,18 +70,19 @@ def torchrun_command(plan: Plan, *, nnodes: int = 1, nproc_per_node: int | None 
     if nnodes > 1 if rdzv is None else rdzv:
         head += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "$MASTER_ADDR:$MASTER_PORT",
                  "--rdzv-id", rdzv_id or (f"moe-overlap-{plan.run_id}" if plan.run_id else "moe-overlap-verify")]
-    parts = [shlex.quote(p) if not p.startswith("$") else p for p in head + _worker_args(plan, config_path)]
+    parts = [shlex.quote(p) if not p.startswith("$") else p for p in head + _worker_args(plan, config_path) + list(extra)]
     env = [f"{k}={shlex.quote(v)}" for k, v in sorted(rank_environment(plan).items())]
     return " ".join(env + parts)
 
 
 def slurm_script(plan: Plan, *, nodes: int | None = None, gpus_per_node: int | None = None,
                  partition: str | None = None, account: str | None = None, time_limit: str | None = None,
-                 timeout_s: float = 1800.0) -> str:
+                 timeout_s: float = 1800.0, extra: list[str] = ()) -> str:
     """The sbatch script: one `srun` task per node, each a torchrun agent joining one c10d rendezvous.
     `moe-overlap verify --launcher slurm` submits exactly this script (written as OUT/job.sbatch)."""
     nodes, per_node = cluster_shape(plan, nodes, gpus_per_node)
-    cmd = torchrun_command(plan, nnodes=nodes, nproc_per_node=per_node, rdzv=True, rdzv_id="$SLURM_JOB_ID")
+    cmd = torchrun_command(plan, nnodes=nodes, nproc_per_node=per_node, rdzv=True, rdzv_id="$SLURM_JOB_ID",
+                           extra=extra)
     out = shlex.quote(str(plan.out))
     minutes = max(1, -(-int(timeout_s) // 60))
     lines = [

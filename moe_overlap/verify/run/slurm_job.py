@@ -43,6 +43,15 @@ class JobState:
         return asdict(self)
 
 
+def require_client() -> None:
+    """The Slurm commands this module runs are on PATH (else SlurmError saying what to do)."""
+    for cmd in ("sbatch", "squeue", "scontrol", "scancel"):
+        if shutil.which(cmd) is None:
+            raise SlurmError(f"`{cmd}` is not on PATH: --launcher slurm needs the Slurm client commands",
+                             fix="run on a Slurm login node, or use --print-launch slurm and submit the script "
+                                 "elsewhere")
+
+
 def _run(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
     if shutil.which(args[0]) is None:
         raise SlurmError(f"`{args[0]}` is not on PATH: --launcher slurm needs the Slurm client commands",

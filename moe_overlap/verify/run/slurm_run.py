@@ -46,7 +46,8 @@ def write_script(options: VerifyOptions):
     save_plan(plan)
     text = slurm_script(plan, nodes=options.nodes, gpus_per_node=options.gpus_per_node,
                         partition=options.partition, account=options.account, time_limit=options.time_limit,
-                        timeout_s=options.timeout_s)
+                        timeout_s=options.timeout_s,
+                        extra=["--inject-fault", options.inject_fault] if options.inject_fault else [])  # tests
     path = plan.out / SCRIPT
     with open(path, "x", encoding="utf-8") as f:  # "x": never a file or a link planted in its place
         f.write(text)
@@ -61,6 +62,7 @@ class _Watch:
         self.plan, self.job_id, self.emit = plan, job_id, emit
         self.tails = {r: RecordTail(records_path(plan.out, r)) for r in range(plan.nproc)}
         self.stepped = dict.fromkeys(range(plan.nproc), False)
+        self.finished: set[int] = set()  # wrote its last record ("done"): silent from then on, rightly
         self.state = slurm_job.JobState(job_id=job_id, state="SUBMITTED")
         self.running_since: float | None = None
         self._asked = 0.0
@@ -69,6 +71,8 @@ class _Watch:
         for r, tail in self.tails.items():
             for rec in tail.poll():
                 self.stepped[r] = self.stepped[r] or rec.get("kind") == "step"
+                if rec.get("kind") in ("done", "error"):
+                    self.finished.add(r)
                 event = record_event(rec, nproc=self.plan.nproc, max_steps=self.plan.max_steps) if r == 0 else None
                 if event is not None:
                     self.emit(event)
@@ -95,7 +99,7 @@ class _Watch:
             return None
         now = time.monotonic()
         for r, tail in self.tails.items():
-            if now - tail.last_seen > (hang_timeout_s if self.stepped[r] else max(hang_timeout_s, startup_s)):
+            if r not in self.finished and now - tail.last_seen > (hang_timeout_s if self.stepped[r] else max(hang_timeout_s, startup_s)):
                 return r
         return None
 
@@ -113,17 +117,24 @@ def run_on_slurm(options: VerifyOptions, progress: Progress | None = None,
         except Exception as exc:  # noqa: BLE001 - a gone consumer must not leave a job behind
             broken.append(f"progress callback failed and was switched off: {exc!r}")
 
+    try:
+        slurm_job.require_client()  # before anything is written: no Slurm here is an input error
+    except slurm_job.SlurmError as exc:
+        raise VerifyInputError(f"--launcher slurm: {exc.message}", field="launcher", fix=exc.fix) from None
     plan, script = write_script(options)
     emit({"event": "start", "modes": [s.name for s in plan.specs], "nproc": plan.nproc, "steps": plan.cfg.steps,
           "max_steps": plan.max_steps, "out": str(plan.out)})
-    try:
-        job_id = slurm_job.submit(script)
-    except slurm_job.SlurmError as exc:
-        raise VerifyInputError(f"--launcher slurm: {exc.message}", field="launcher", fix=exc.fix) from None
-    emit({"event": "slurm", "job_id": job_id, "state": "SUBMITTED", "script": str(script)})
-    watch = _Watch(plan, job_id, emit)
     ended: tuple[str, str, int | None] | None = None
     with interrupts_once() as guard:
+        guard.holding = True  # a Ctrl-C now would leave a submitted job untracked: it waits for the job id
+        try:
+            job_id = slurm_job.submit(script)
+        except slurm_job.SlurmError as exc:
+            raise VerifyInputError(f"--launcher slurm: {exc.message}", field="launcher", fix=exc.fix) from None
+        finally:
+            guard.holding = False
+        emit({"event": "slurm", "job_id": job_id, "state": "SUBMITTED", "script": str(script)})
+        watch = _Watch(plan, job_id, emit)
         try:
             while True:
                 watch.poll_records()
