@@ -43,12 +43,13 @@ munge -n </dev/null | unmunge >/dev/null 2>&1 || fail "munge does not answer (mu
 CPUS=$(nproc)
 MEM=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 9 / 10 ))
 mkdir -p "$CONF_DIR" "$STATE/ctld" "$STATE/d" /var/log/slurm
+# Addresses are 127.0.0.1: a container whose hostname does not resolve still works.
 # No cgroup anywhere: CI containers have no writable cgroup tree. linuxproc tracks a job's processes by their
 # parent pids, which is what scancel needs to end every rank.
 cat >"$CONF_DIR/slurm.conf" <<CONF
 # written by moe-overlap tests/slurm/setup_slurm.sh: one host, for the launcher tests
 ClusterName=moe-overlap-test
-SlurmctldHost=$HOST
+SlurmctldHost=$HOST(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -73,7 +74,7 @@ SlurmdTimeout=60
 InactiveLimit=0
 KillWait=5
 MinJobAge=300
-NodeName=$HOST CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
+NodeName=$HOST NodeAddr=127.0.0.1 NodeHostname=$HOST CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
 : >"$CONF_DIR/cgroup.conf"

@@ -41,11 +41,12 @@ def test_a_two_rank_run_is_submitted_tracked_and_judged(slurm, tmp_path, monkeyp
     assert report["cluster_job"]["job_id"] == job_id and report["cluster_job"]["state"] == "COMPLETED"
     assert report["cluster_job"]["nodes"] == [slurm] and report["cluster_job"]["exit_code"] == "0:0"
     # the submitted script is the one --print-launch slurm prints for the same run
+    submitted = (out / "job.sbatch").read_text()
     printed = subprocess.run([sys.executable, "-m", "moe_overlap.cli", "verify", *SMALL, "--steps", "2",
                               "--print-launch", "slurm", "--out", str(out), "--force"],
                              capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0, printed.stderr
-    assert printed.stdout.strip() == (out / "job.sbatch").read_text().strip()
+    assert printed.stdout.strip() == submitted.strip()
     assert not in_queue(job_id)
     assert_no_orphans(token)
 
