@@ -116,6 +116,11 @@ def _text(report) -> str:
     from moe_overlap.verify.judge.summary import render_summary, verification_summary
 
     lines = render_summary(verification_summary(report)).splitlines()
+    if report.cluster_job is not None:
+        job = report.cluster_job
+        at = len(lines) - 1 if lines[-1].startswith("report:") else len(lines)
+        lines.insert(at, f"  Slurm job {job.job_id}: {job.state} on {','.join(job.nodes or ['?'])}, exit "
+                         f"{job.exit_code} (script {job.script})")
     if report.failure is not None:
         at = len(lines) - 1 if lines[-1].startswith("report:") else len(lines)
         extra = [f"  failure: {report.failure.message}"]

@@ -36,6 +36,7 @@ def test_a_two_rank_run_is_submitted_tracked_and_judged(slurm, tmp_path, monkeyp
     assert "baseline step 2/2" in res.stderr and "overlap step 2/2" in res.stderr  # the ranks' records
     assert f"Slurm job {job_id}: COMPLETED on {slurm} exit 0:0" in res.stderr
     assert "verdict: throughput-not-judged" in res.stderr  # cpu: every judged criterion passed
+    assert f"Slurm job {job_id}: COMPLETED on {slurm}, exit 0:0" in res.stdout  # the summary names the job
     report = assert_report_valid(out)
     assert report["verdict"] == "throughput-not-judged"
     assert report["cluster_job"]["job_id"] == job_id and report["cluster_job"]["state"] == "COMPLETED"
