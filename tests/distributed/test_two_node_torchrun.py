@@ -100,7 +100,10 @@ def _rank_of(pid: int) -> int | None:
     return ranks[0] if ranks else None
 
 
-def test_a_node_dying_mid_run_is_named_and_nothing_is_left(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["node", "agent"])
+def test_a_node_dying_mid_run_is_named_and_nothing_is_left(tmp_path, monkeypatch, how):
+    """node: node 1's agent and its rank SIGKILLed at once (a power loss); agent: only its torchrun agent
+    stopped (SIGTERM, as a scheduler does), which stops its rank."""
     token = new_token(monkeypatch)
     out = tmp_path / "run"
     agents = _start_nodes(_printed(out, steps=30), out, tmp_path)
@@ -115,9 +118,9 @@ def test_a_node_dying_mid_run_is_named_and_nothing_is_left(tmp_path, monkeypatch
         dying = [*descendant_pids(agents[1].pid), agents[1].pid]
         node1_ranks = sorted(r for r in map(_rank_of, dying) if r is not None)
         assert node1_ranks, "no rank process found under node 1's agent"
-        for pid in dying:
+        for pid in dying if how == "node" else [agents[1].pid]:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL if how == "node" else signal.SIGTERM)
             except ProcessLookupError:
                 pass
         code0 = agents[0].wait(timeout=120)  # node 0's rank fails in its next collective; its agent ends
