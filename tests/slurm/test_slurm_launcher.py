@@ -158,3 +158,17 @@ def test_a_rank_crash_ends_the_job_failed_and_names_the_rank(slurm, tmp_path, mo
     assert job["state"] == "FAILED" and job["exit_code"] != "0:0", job
     assert f"Slurm job {job['job_id']}: FAILED" in res.stderr and not in_queue(job["job_id"])
     assert_no_orphans(token)
+
+
+def test_a_hung_rank_scancels_the_job(slurm, tmp_path, monkeypatch):
+    """A rank stops stepping (the others wait in their next collective): past --hang-timeout the job is
+    scancelled; the report says hang and lists the silent ranks (their stacks are not readable from here)."""
+    token = new_token(monkeypatch)
+    out = tmp_path / "run"
+    res = _verify(*SMALL, "--steps", "4", "--hang-timeout", "5", "--inject-fault", "hang:1:overlap:2",
+                  "--out", str(out))
+    assert res.returncode == 1, res.stderr[-3000:]
+    report = assert_report_valid(out)
+    assert report["verdict"] == "hang" and "no heartbeat for 5 s" in report["failure"]["message"]
+    assert report["cluster_job"]["state"] == "CANCELLED" and not in_queue(report["cluster_job"]["job_id"])
+    assert_no_orphans(token)

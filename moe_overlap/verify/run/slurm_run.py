@@ -62,6 +62,7 @@ class _Watch:
         self.plan, self.job_id, self.emit = plan, job_id, emit
         self.tails = {r: RecordTail(records_path(plan.out, r)) for r in range(plan.nproc)}
         self.stepped = dict.fromkeys(range(plan.nproc), False)
+        self.last_record_t: dict[int, float] = {}
         self.finished: set[int] = set()  # wrote its last record ("done"): silent from then on, rightly
         self.state = slurm_job.JobState(job_id=job_id, state="SUBMITTED")
         self.running_since: float | None = None
@@ -71,6 +72,8 @@ class _Watch:
         for r, tail in self.tails.items():
             for rec in tail.poll():
                 self.stepped[r] = self.stepped[r] or rec.get("kind") == "step"
+                if isinstance(rec.get("t"), int | float):
+                    self.last_record_t[r] = float(rec["t"])
                 if rec.get("kind") in ("done", "error"):
                     self.finished.add(r)
                 event = record_event(rec, nproc=self.plan.nproc, max_steps=self.plan.max_steps) if r == 0 else None
@@ -94,14 +97,26 @@ class _Watch:
         self.state = new
         return new
 
-    def silent_rank(self, hang_timeout_s: float, startup_s: float) -> int | None:
+    def last_t(self, r: int) -> float:
+        return self.last_record_t.get(r, 0.0)
+
+    def hang(self, hang_timeout_s: float, startup_s: float, job_id: str) -> tuple[str, str, int | None] | None:
+        """A hang once a rank that has not finished is silent past its limit. The ranks of a hung collective all
+        go silent together and their stacks cannot be read from here: a rank is named only when its last
+        record is clearly older than every other silent rank's, else the silent ranks are listed."""
         if self.running_since is None:
             return None
         now = time.monotonic()
-        for r, tail in self.tails.items():
-            if r not in self.finished and now - tail.last_seen > (hang_timeout_s if self.stepped[r] else max(hang_timeout_s, startup_s)):
-                return r
-        return None
+        silent = [r for r, tail in self.tails.items() if r not in self.finished
+                  and now - tail.last_seen > (hang_timeout_s if self.stepped[r] else max(hang_timeout_s, startup_s))]
+        if not silent:
+            return None
+        first = min(silent, key=self.last_t)
+        rest = [self.last_t(r) for r in silent if r != first]
+        named = first if not rest or min(rest) - self.last_t(first) > 1.0 else None
+        who = f"rank {named}" if named is not None else "ranks " + ", ".join(map(str, silent))
+        return ("hang", f"{who} sent no heartbeat for {hang_timeout_s:g} s (Slurm job {job_id} scancelled; "
+                        "ranks waiting in one collective go silent together: read each rank's logs)", named)
 
 
 def run_on_slurm(options: VerifyOptions, progress: Progress | None = None,
@@ -146,9 +161,8 @@ def run_on_slurm(options: VerifyOptions, progress: Progress | None = None,
                 elif watch.running_since is not None and time.monotonic() - watch.running_since > options.timeout_s:
                     ended = ("timeout", f"the run exceeded --timeout {options.timeout_s:g} s (Slurm job {job_id} "
                                         "scancelled)", None)
-                elif (r := watch.silent_rank(options.hang_timeout_s, startup_timeout_s)) is not None:
-                    ended = ("hang", f"rank {r} sent no heartbeat for {options.hang_timeout_s:g} s (Slurm job "
-                                     f"{job_id} scancelled)", r)
+                else:
+                    ended = watch.hang(options.hang_timeout_s, startup_timeout_s, job_id)
                 if ended is not None:
                     break
                 time.sleep(POLL_S)
