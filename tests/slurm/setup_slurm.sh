@@ -14,9 +14,15 @@ CONF_DIR=/etc/slurm
 STATE=${MOE_OVERLAP_SLURM_STATE:-/var/spool/moe-overlap-slurm}
 HOST=$(hostname -s)
 
+# A process of this name is running (from /proc: minimal images have no procps/pgrep).
+running() {  # (a zombie, exited but not reaped, does not count)
+  local d; for d in /proc/[0-9]*; do
+    [ "$(cat "$d/comm" 2>/dev/null)" = "$1" ] && ! grep -qE '^[0-9]+ \(.*\) Z ' "$d/stat" 2>/dev/null && return 0
+  done; return 1
+}
 node_idle() { sinfo -h -N -n "$HOST" -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)'; }
 
-if command -v sinfo >/dev/null && pgrep -x slurmctld >/dev/null && pgrep -x slurmd >/dev/null && node_idle; then
+if command -v sinfo >/dev/null && running slurmctld >/dev/null && running slurmd >/dev/null && node_idle; then
   echo "setup_slurm: Slurm already up on $HOST"; exit 0
 fi
 [ "$(id -u)" = 0 ] || fail "needs root to install packages and start the daemons (run it with sudo)"
@@ -34,7 +40,7 @@ fi
 mkdir -p /etc/munge /var/lib/munge /var/log/munge /run/munge
 [ -s /etc/munge/munge.key ] || dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none
 chmod 400 /etc/munge/munge.key
-if ! pgrep -x munged >/dev/null; then
+if ! running munged >/dev/null; then
   munged --force >/tmp/setup_slurm_munged.log 2>&1 || fail "munged did not start: $(tail -n 2 /tmp/setup_slurm_munged.log)"
 fi
 for _ in $(seq 50); do munge -n </dev/null >/dev/null 2>&1 && break; sleep 0.1; done
@@ -79,9 +85,9 @@ PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscr
 CONF
 : >"$CONF_DIR/cgroup.conf"
 
-pgrep -x slurmctld >/dev/null || slurmctld -c >/tmp/setup_slurm_ctld.log 2>&1 \
+running slurmctld >/dev/null || slurmctld -c >/tmp/setup_slurm_ctld.log 2>&1 \
   || fail "slurmctld did not start: $(tail -n 2 /var/log/slurm/slurmctld.log 2>/dev/null | tr '\n' ' ')"
-pgrep -x slurmd >/dev/null || slurmd >/tmp/setup_slurm_d.log 2>&1 \
+running slurmd >/dev/null || slurmd >/tmp/setup_slurm_d.log 2>&1 \
   || fail "slurmd did not start: $(tail -n 2 /var/log/slurm/slurmd.log 2>/dev/null | tr '\n' ' ')"
 for _ in $(seq 60); do
   node_idle && { echo "setup_slurm: Slurm up on $HOST ($CPUS CPUs)"; exit 0; }
