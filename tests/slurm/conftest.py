@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def slurm() -> str:
         if REQUIRED:
             pytest.fail(f"Slurm is required here (MOE_OVERLAP_SLURM_REQUIRED=1) but could not be set up: {why}")
         pytest.skip(f"no Slurm: {why}")
-    return subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    return socket.gethostname().split(".")[0]  # the NodeName setup_slurm.sh wrote (hostname -s)
 
 
 def in_queue(job_id: str) -> bool:

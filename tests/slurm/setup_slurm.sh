@@ -12,7 +12,7 @@ fail() { echo "setup_slurm: $*" >&2; exit 3; }
 
 CONF_DIR=/etc/slurm
 STATE=${MOE_OVERLAP_SLURM_STATE:-/var/spool/moe-overlap-slurm}
-HOST=$(hostname -s)
+HOST=$(hostname -s 2>/dev/null || cut -d. -f1 /proc/sys/kernel/hostname)
 
 # A process of this name is running (from /proc: minimal images have no procps/pgrep).
 running() {  # (a zombie, exited but not reaped, does not count)
