@@ -125,7 +125,11 @@ def job_state(job_id: str) -> JobState:
 
 
 def in_queue(job_id: str) -> bool:
-    res = _run(["squeue", "-h", "-j", job_id, "-o", "%i"], check=False)
+    """squeue still lists the job (True too when squeue does not answer: it may be there)."""
+    try:
+        res = _run(["squeue", "-h", "-j", job_id, "-o", "%i"], check=False)
+    except SlurmError:
+        return True
     return res.returncode == 0 and job_id in res.stdout.split()
 
 

@@ -85,7 +85,10 @@ class _Watch:
         if not force and now - self._asked < STATE_EVERY_S:
             return self.state
         self._asked = now
-        new = slurm_job.job_state(self.job_id)
+        try:
+            new = slurm_job.job_state(self.job_id)
+        except slurm_job.SlurmError:
+            return self.state  # slurmctld busy or restarting: ask again at the next poll
         if new.state == "UNKNOWN" and not self.state.ended:
             return self.state  # a moment between squeue and scontrol: keep the last known state
         if (new.state, new.reason) != (self.state.state, self.state.reason):
@@ -170,8 +173,12 @@ def run_on_slurm(options: VerifyOptions, progress: Progress | None = None,
             ended = ("cancelled", f"interrupted (Ctrl-C); Slurm job {job_id} scancelled", None)
         finally:
             guard.hold()  # from here on Ctrl-C waits: the job is cancelled and the report written
-            if not watch.state.ended or slurm_job.in_queue(job_id):
-                watch.state = slurm_job.cancel(job_id)
+            try:
+                if not watch.state.ended or slurm_job.in_queue(job_id):
+                    watch.state = slurm_job.cancel(job_id)
+            except slurm_job.SlurmError as exc:
+                broken.append(f"scancel {job_id} failed ({exc.message}): check `squeue -j {job_id}` and "
+                              f"scancel it yourself")
         final = watch.poll_state(force=True)
         slurm_job.forget(job_id)
         watch.poll_records()
