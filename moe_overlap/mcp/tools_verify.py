@@ -43,6 +43,14 @@ def job_uri(job_id: str, file: str = "report.json") -> str:
 
 
 def next_step(job: Job) -> str:
+    cluster = job.result.cluster_job if job.result is not None else None
+    if cluster is not None:  # launcher slurm: the batch job, said first (its id is also in the report)
+        return (f"Slurm job {cluster.job_id} ended {cluster.state} on {','.join(cluster.nodes or ['?'])}; "
+                + _next_step(job))
+    return _next_step(job)
+
+
+def _next_step(job: Job) -> str:
     if job.state == "running":
         return (f"call get_verification_status with job_id={job.id!r} and wait_s=30 (it answers when the run "
                 "ends), or cancel_verification")

@@ -124,6 +124,7 @@ async def test_mcp_run_and_cancel_verification(slurm, tmp_path, monkeypatch):
             job_id = report["cluster_job"]["job_id"]
             assert report["cluster_job"]["state"] == "COMPLETED" and not in_queue(job_id)
             assert any(f"Slurm job {job_id}" in m for m in messages), messages
+            assert result["next_step"].startswith(f"Slurm job {job_id} ended COMPLETED on {slurm}; ")
 
             started = await client.call_tool("run_verification", {**run, "steps": 300, "background": True})
             assert not started.is_error, text_of(started)
