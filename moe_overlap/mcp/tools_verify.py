@@ -263,9 +263,10 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
         model_tool(guard, name="run_verification", title="Run a verification", handler=run_verification,
                    result_schema="verification-status",
                    description="A/B training runs (baseline, overlap, overlap+wgrad) of this package's MoE layer, "
-                               "local or on Slurm: loss, completion, throughput. Returns a summary; the "
-                               "report is a resource.",
-                   # Writes a new report folder each call (not idempotent), deletes nothing, local only.
+                               "local or on Slurm: loss, completion, throughput. The report is a "
+                               "resource.",
+                   # Writes a new report folder each call (not idempotent), deletes nothing; local ranks or
+                   # the Slurm cluster this host already submits to (a closed set, not the open world).
                    hints=annotations(read_only=False, destructive=False, idempotent=False, open_world=False)),
         model_tool(guard, name="get_verification_status", title="Verification status", handler=get_verification_status,
                    description="State, progress and, when done, the summary of a verification job; waits up to "
