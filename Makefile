@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # multi-GB CUDA build. 2.13.0 is the CPU wheel this kind of machine has on disk.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup install oracle-releases main test lint clean
+.PHONY: setup install oracle-releases main test lint clean slurm
 
 setup: install oracle-releases main
 
@@ -38,6 +38,10 @@ oracle-releases: $(BIN)/python
 # judged by the skill's success criteria; report in verify-out/main/).
 main:
 	$(BIN)/moe-overlap verify --out verify-out/main --force
+
+# A one-host Slurm (Debian's slurm-wlm + munge; root) for tests/slurm, which skip without one (CI requires it).
+slurm:
+	bash tests/slurm/setup_slurm.sh
 
 test:
 	MOE_OVERLAP_ORACLE_REQUIRED=1 $(BIN)/python -m pytest -q

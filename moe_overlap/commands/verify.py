@@ -40,6 +40,16 @@ def add_arguments(parser) -> None:
                         help="a rank without heartbeat this long is a hang (default 60)")
     parser.add_argument("--out", help="output folder (default: ./verify-out/<time>-<pid>-<id>)")
     parser.add_argument("--force", action="store_true", help="overwrite a folder that already holds a report")
+    parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                        help="local (default): ranks on this machine; slurm: submit the sbatch script (as "
+                             "--print-launch slurm prints it), track the job, judge its folder, scancel on Ctrl-C")
+    parser.add_argument("--nodes", type=int, help="slurm / --print-launch: nodes (default: nproc / gpus-per-node)")
+    parser.add_argument("--gpus-per-node", type=int,
+                        help="slurm / --print-launch: ranks per node (default 8 on cuda; cpu: nproc / nodes)")
+    parser.add_argument("--partition", help="slurm: the partition (#SBATCH --partition)")
+    parser.add_argument("--account", help="slurm: the account (#SBATCH --account)")
+    parser.add_argument("--time", dest="time_limit", help="slurm: the job's time limit, e.g. 00:30:00 "
+                        "(default: --timeout)")
     parser.add_argument("--print-launch", choices=["torchrun", "slurm"],
                         help="print the torchrun command or an sbatch script instead of running")
     parser.add_argument("--judge", metavar="DIR", help="judge a run launched elsewhere (torchrun/slurm) from the "
@@ -67,11 +77,13 @@ def _options(args):
             micro_batches=args.micro_batches, schedule=args.schedule, timeout_s=args.timeout,
             hang_timeout_s=args.hang_timeout, out=args.out, fabric=args.fabric, a2a=args.a2a,
             sm_margin=margin, explain=not args.no_explain, force=args.force, inject_fault=args.inject_fault,
+            launcher=args.launcher, nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
+            account=args.account, time_limit=args.time_limit,
             modes=[m.strip() for m in args.modes.split(",") if m.strip()] if args.modes is not None else None)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
-        flag = "--" + field.replace("_s", "").replace("_", "-") if field else None
+        flag = "--" + field.replace("_s", "").replace("_limit", "").replace("_", "-") if field else None
         raise CommandError(f"{flag or 'option'}: {err['msg']}", field=field) from None
 
 
@@ -87,6 +99,11 @@ def _progress_printer(quiet: bool):
             msg = f"mode {ev['mode']} (schedule {ev['schedule']})"
         elif e == "step":
             msg = f"  {ev['mode']} step {ev['step']}/{ev['steps']} loss {ev['loss']:.4f}"
+        elif e == "slurm":
+            why = f" ({ev['reason']})" if ev.get("reason") not in (None, "None") else ""
+            nodes = f" on {','.join(ev['nodes'])}" if ev.get("nodes") else ""
+            msg = f"Slurm job {ev['job_id']}: {ev['state']}{why}{nodes}"
+            msg += f" exit {ev['exit_code']}" if ev.get("exit_code") and ev["state"] not in ("RUNNING", "PENDING") else ""
         elif e == "done":
             msg = f"verdict: {ev['verdict']}"
         else:
@@ -99,6 +116,11 @@ def _text(report) -> str:
     from moe_overlap.verify.judge.summary import render_summary, verification_summary
 
     lines = render_summary(verification_summary(report)).splitlines()
+    if report.cluster_job is not None:
+        job = report.cluster_job
+        at = len(lines) - 1 if lines[-1].startswith("report:") else len(lines)
+        lines.insert(at, f"  Slurm job {job.job_id}: {job.state} on {','.join(job.nodes or ['?'])}, exit "
+                         f"{job.exit_code} (script {job.script})")
     if report.failure is not None:
         at = len(lines) - 1 if lines[-1].startswith("report:") else len(lines)
         extra = [f"  failure: {report.failure.message}"]
@@ -113,19 +135,36 @@ def run(args) -> int:
     from moe_overlap.verify.plan.build import VerifyInputError, make_plan
 
     options = _options(args)
+    cluster = [f for f, v in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node),
+                              ("--partition", args.partition), ("--account", args.account),
+                              ("--time", args.time_limit)) if v is not None]
+    if cluster and args.launcher == "local" and not args.print_launch:
+        raise CommandError(f"{', '.join(cluster)}: only with --launcher slurm or --print-launch (a local run uses "
+                           "this machine)", field="launcher")
     try:
         if args.print_launch:
             from moe_overlap.verify.judge.offline import write_plan
-            from moe_overlap.verify.run.launch_print import slurm_script, torchrun_command
+            from moe_overlap.verify.run.launch_print import cluster_shape, slurm_script, torchrun_command
 
             plan = make_plan(options, local=False)
+            given = options.nodes is not None or options.gpus_per_node is not None
+            # torchrun without --nodes/--gpus-per-node: one agent for all ranks (what it printed before)
+            nodes, per_node = (cluster_shape(plan, options.nodes, options.gpus_per_node)
+                               if given or args.print_launch == "slurm" else (1, plan.nproc))
             write_plan(plan)
-            print(torchrun_command(plan) if args.print_launch == "torchrun" else slurm_script(plan))
+            print(torchrun_command(plan, nnodes=nodes, nproc_per_node=per_node) if args.print_launch == "torchrun"
+                  else slurm_script(plan, nodes=nodes, gpus_per_node=per_node, partition=options.partition,
+                                    account=options.account, time_limit=options.time_limit,
+                                    timeout_s=options.timeout_s))
             return EXIT_OK
         if args.judge:
             from moe_overlap.verify.judge.offline import judge_run_dir
 
             report = judge_run_dir(args.judge)
+        elif options.launcher == "slurm":
+            from moe_overlap.verify.run.slurm_run import run_on_slurm
+
+            report = run_on_slurm(options, progress=_progress_printer(args.quiet))
         else:
             report = run_verification(options, progress=_progress_printer(args.quiet))
     except VerifyInputError as exc:

@@ -237,26 +237,40 @@ class EstimateInput(EstimateRequest):
         return v if v is None or isinstance(v, Calibration) else Calibration.model_validate(v)
 
 
+class SlurmJob(_Input):
+    """run_verification's `slurm` argument (launcher slurm): the options of `verify --launcher slurm`."""
+
+    nodes: int | None = Field(None, ge=1, le=4096, description="nodes; default nproc / gpus_per_node")
+    gpus_per_node: int | None = Field(None, ge=1, le=64, description="ranks per node")
+    partition: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="partition")
+    account: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="account")
+    time: str | None = Field(None, pattern=r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$", description="time limit, e.g. 00:30:00")
+
+
 class RunVerificationInput(_ConfigSource):
     config: ConfigArg = Field(None, description=f"{CONFIG_FORMS}; default: a small built-in one")
-    nproc: int | None = Field(None, ge=1, le=8, description="rank processes to spawn; default: the config's EP size")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo) or cuda (NCCL, needs GPUs)")
+    nproc: int | None = Field(None, ge=1, le=8, description="ranks; default: the config's EP size")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo) or cuda (NCCL)")
     steps: int | None = Field(None, ge=2, le=500, description="optimizer steps per mode")
-    micro_batches: int | None = Field(None, ge=1, le=64, description="micro-batches per step")
-    modes: list[Mode] | None = Field(None, min_length=1, max_length=3, description="modes to run; default: all")
-    schedule: Literal["chunked", "1f1b"] | None = Field(None, description="the overlap schedule to verify")
-    fabric: Literal["native", "emulated-net"] = Field("native", description="cuda: emulated-net: all-to-alls "
-                                                                            "as over a network")
+    micro_batches: int | None = Field(None, ge=1, le=64, description="per step")
+    modes: list[Mode] | None = Field(None, min_length=1, max_length=3, description="default: all")
+    schedule: Literal["chunked", "1f1b"] | None = Field(None, description="overlap schedule")
+    fabric: Literal["native", "emulated-net"] = Field("native", description="cuda: emulated-net = as over "
+                                                                            "a network")
     a2a: Literal["nccl", "ce", "auto"] | None = Field(None, description="cuda: all-to-all transport")
-    timeout_s: float = Field(600.0, ge=5, le=3600, description="wall-clock limit of the whole run, seconds")
-    background: bool = Field(
-        False, description="return a job_id at once (then get_verification_status): for runs longer than your "
-                           "tool timeout")
+    timeout_s: float = Field(600.0, ge=5, le=3600, description="wall-clock limit, s")
+    launcher: Literal["local", "slurm"] = Field("local", description="slurm: an sbatch job")
+    # The nested model validates; the published schema stays one line (tools/list has a character budget).
+    slurm: Annotated[SlurmJob | None, WithJsonSchema({
+        "type": "object", "description": "{nodes, gpus_per_node, partition, account, time}"})] = None
+    background: bool = Field(False, description="return a job_id at once (then get_verification_status)")
 
     @model_validator(mode="after")
     def _at_most_one_source(self) -> RunVerificationInput:
         if self._count_sources() > 1:
             raise ValueError("give the config once, in `config`")
+        if self.slurm is not None and self.launcher != "slurm":
+            raise ValueError("`slurm` is for launcher='slurm': give both, or neither")
         return self
 
 

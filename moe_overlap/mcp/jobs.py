@@ -169,11 +169,15 @@ class JobManager:
 
 
 def kill_ranks_now() -> None:
-    """Every rank process a verification of this process started, killed at once (no report is waited for).
+    """Every rank process a verification of this process started, killed at once, and every Slurm job it
+    submitted scancelled (no report is waited for).
     Nothing to do when no verification ever ran (the launcher module was never imported)."""
     launcher = sys.modules.get("moe_overlap.verify.run.launcher")
     if launcher is not None:
         launcher.kill_every_rank()
+    slurm = sys.modules.get("moe_overlap.verify.run.slurm_job")
+    if slurm is not None:  # batch jobs (launcher slurm) run under slurmd, not under us: scancel them
+        slurm.cancel_every_job()
 
 
 def descendant_pids(pid: int | None = None) -> list[int]:

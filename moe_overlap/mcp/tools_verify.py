@@ -43,6 +43,14 @@ def job_uri(job_id: str, file: str = "report.json") -> str:
 
 
 def next_step(job: Job) -> str:
+    cluster = job.result.cluster_job if job.result is not None else None
+    if cluster is not None:  # launcher slurm: the batch job, said first (its id is also in the report)
+        return (f"Slurm job {cluster.job_id} ended {cluster.state} on {','.join(cluster.nodes or ['?'])}; "
+                + _next_step(job))
+    return _next_step(job)
+
+
+def _next_step(job: Job) -> str:
     if job.state == "running":
         return (f"call get_verification_status with job_id={job.id!r} and wait_s=30 (it answers when the run "
                 "ends), or cancel_verification")
@@ -153,11 +161,25 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
 
         source = config_source(inp, roots)
         out = runs_folder() / f"run-{uuid.uuid4().hex[:12]}"
+        from moe_overlap.mcp.inputs import SlurmJob
+
+        job = inp.slurm or SlurmJob()
         try:
             options = VerifyOptions(config=source, nproc=inp.nproc, device=inp.device, steps=inp.steps,
                                     micro_batches=inp.micro_batches, modes=inp.modes, schedule=inp.schedule,
-                                    fabric=inp.fabric, a2a=inp.a2a, timeout_s=inp.timeout_s, out=out)
-            make_plan(options)  # input errors surface here, as a ToolError, before any job starts
+                                    fabric=inp.fabric, a2a=inp.a2a, timeout_s=inp.timeout_s, out=out,
+                                    launcher=inp.launcher, nodes=job.nodes, gpus_per_node=job.gpus_per_node,
+                                    partition=job.partition, account=job.account, time_limit=job.time)
+            plan = make_plan(options, local=inp.launcher == "local")  # input errors: a ToolError, before any job
+            if inp.launcher == "slurm":
+                from moe_overlap.verify.run.launch_print import cluster_shape
+                from moe_overlap.verify.run.slurm_job import SlurmError, require_client
+
+                cluster_shape(plan, job.nodes, job.gpus_per_node)
+                try:
+                    require_client()
+                except SlurmError as exc:
+                    raise VerifyInputError(exc.message, field="launcher", fix=exc.fix) from None
         except (VerifyInputError, ValueError) as exc:
             raise as_tool_error(exc, "config") from None
         return options
@@ -168,15 +190,19 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
 
         def run(progress, cancel):
             from moe_overlap.verify.api import run_verification
+            from moe_overlap.verify.run.slurm_run import run_on_slurm
 
             def forward(event: dict[str, Any]) -> None:
                 tracker.feed(event)
                 progress(event)
 
-            return run_verification(options, progress=forward, cancel=cancel)
+            # slurm: the job is scancelled (and gone from squeue) before this returns on a cancel
+            runner = run_on_slurm if options.launcher == "slurm" else run_verification
+            return runner(options, progress=forward, cancel=cancel)
 
         try:
-            job = jobs.start(run, description=f"verify nproc={inp.nproc} steps={inp.steps} modes={inp.modes}",
+            job = jobs.start(run, description=f"verify nproc={inp.nproc} steps={inp.steps} modes={inp.modes} "
+                                              f"launcher={inp.launcher}",
                              owner=owner)
         except JobError as exc:
             raise ToolError(f"{exc}.") from None
@@ -236,10 +262,11 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
     return [
         model_tool(guard, name="run_verification", title="Run a verification", handler=run_verification,
                    result_schema="verification-status",
-                   description="A/B training runs (baseline, overlap, overlap+wgrad) of this package's MoE layer on "
-                               "local ranks: loss match, completion, throughput. Returns a summary; the report "
-                               "is a resource.",
-                   # Writes a new report folder each call (not idempotent), deletes nothing, local only.
+                   description="A/B training runs (baseline, overlap, overlap+wgrad) of this package's MoE layer, "
+                               "local or on Slurm: loss, completion, throughput. The report is a "
+                               "resource.",
+                   # Writes a new report folder each call (not idempotent), deletes nothing; local ranks or
+                   # the Slurm cluster this host already submits to (a closed set, not the open world).
                    hints=annotations(read_only=False, destructive=False, idempotent=False, open_world=False)),
         model_tool(guard, name="get_verification_status", title="Verification status", handler=get_verification_status,
                    description="State, progress and, when done, the summary of a verification job; waits up to "

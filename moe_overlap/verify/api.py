@@ -53,6 +53,7 @@ from moe_overlap.verify.plan.plan_file import save_plan
 from moe_overlap.verify.run.interrupts import interrupts_once
 from moe_overlap.verify.run.launch_print import rank_environment, worker_options
 from moe_overlap.verify.run.launcher import LaunchResult, launch
+from moe_overlap.verify.run.progress import record_event
 from moe_overlap.verify.run.records import mode_log_path
 
 __all__ = ["run_verification", "VerifyInputError", "VerifyOptions"]
@@ -121,7 +122,8 @@ def _lost_port_race(result) -> bool:
 
 
 def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *, started_at: str, t0: float,
-                 command: str | None, extra_notes: list[str] = ()) -> VerificationReport:
+                 command: str | None, extra_notes: list[str] = (),
+                 cluster_job: dict[str, Any] | None = None) -> VerificationReport:
     """Judge a finished launch by the four criteria and write report.json / report.md / loss.png."""
     runs = _runs(plan, result.records)
     log_checks = _log_checks(plan, runs)
@@ -173,7 +175,7 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
         verdict=v, summary=summary, started_at=started_at, elapsed_s=round(time.monotonic() - t0, 2),
         command=command, config_source=plan.config_source, config=plan.cfg.model_dump(),
         mapping_notes=plan.mapping_notes, modes=[s.name for s in plan.specs], criteria=criteria, runs=runs,
-        failure=failure, analysis=analysis, out_dir=str(plan.out), notes=notes,
+        failure=failure, analysis=analysis, out_dir=str(plan.out), notes=notes, cluster_job=cluster_job,
         environment=RunEnvironment(device=plan.device, backend="nccl" if plan.device == "cuda" else "gloo",
                                    nproc=plan.nproc, python=sys.version.split()[0], torch=torch_version,
                                    platform=platform.platform(), hostname=socket.gethostname(),
@@ -186,6 +188,10 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
 
 def run_verification(options: VerifyOptions, progress: Progress | None = None,
                      cancel: threading.Event | None = None) -> VerificationReport:
+    if options.launcher != "local":  # a batch job is tracked from here: verify/run/slurm_run.py
+        raise VerifyInputError(f"run_verification runs local ranks; launcher {options.launcher!r} goes through "
+                               "moe_overlap.verify.run.slurm_run.run_on_slurm", field="launcher",
+                               fix="call run_on_slurm(options), or leave launcher at 'local'")
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.monotonic()
     plan = make_plan(options)  # raises VerifyInputError: nothing launched yet
@@ -205,17 +211,9 @@ def run_verification(options: VerifyOptions, progress: Progress | None = None,
             progress_broken.append(f"progress callback failed and was switched off: {exc!r}")
 
     def on_record(rank: int, rec: dict[str, Any]) -> None:
-        if rank != 0:
-            return
-        if rec["kind"] == "hello":
-            emit({"event": "ranks", "nproc": plan.nproc})
-        elif rec["kind"] == "init":
-            emit({"event": "init", "backend": rec.get("backend")})
-        elif rec["kind"] == "mode_start":
-            emit({"event": "mode", "mode": rec["mode"], "schedule": rec.get("schedule")})
-        elif rec["kind"] == "step":
-            emit({"event": "step", "mode": rec["mode"], "step": rec["step"] + 1, "steps": plan.max_steps,
-                  "loss": rec["loss"]})
+        event = record_event(rec, nproc=plan.nproc, max_steps=plan.max_steps) if rank == 0 else None
+        if event is not None:
+            emit(event)
 
     emit({"event": "start", "modes": [s.name for s in plan.specs], "nproc": plan.nproc, "steps": plan.cfg.steps,
           "max_steps": plan.max_steps, "out": str(plan.out)})

@@ -126,18 +126,25 @@ def _status(records: dict[int, list[dict[str, Any]]]) -> LaunchResult:
                         records=records, ranks=ranks)
 
 
-def judge_run_dir(out: str | Path) -> VerificationReport:
+def judge_run_dir(out: str | Path, *, cluster_job: dict[str, Any] | None = None,
+                  ended: tuple[str, str, int | None] | None = None, notes: list[str] = (), command: str | None = None) -> VerificationReport:
+    """`ended` (status, message, rank): how a launcher that tracked the job saw it end (cancelled, timeout, hang),
+    which the records alone cannot tell; `cluster_job` names the batch job in the report."""
     from moe_overlap.verify.api import build_report
 
     out = Path(out)
     plan = _load_plan(out)
     records = {r: _records(out, r) for r in range(plan.nproc)}
     result = _status(records)
+    if ended is not None and not all(recs and recs[-1].get("kind") == "done" for recs in records.values()):
+        # The launcher stopped the job (scancel): the ranks' ends follow from that, not the other way round.
+        result.status, result.message, result.failed_rank = ended
+        result.traceback = None
     result.returncodes = {r: None for r in range(plan.nproc)}
     first = min((rec["t"] for recs in records.values() for rec in recs), default=time.time())
     last = max((rec["t"] for recs in records.values() for rec in recs), default=first)
     result.elapsed_s = last - first
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(first))
     return build_report(plan, result, validate_modes(plan), started_at=started, t0=time.monotonic() - result.elapsed_s,
-                        command=f"moe-overlap verify --judge {out}",
-                        extra_notes=["judged offline from the ranks' records (no launcher watchdog)"])
+                        command=command or f"moe-overlap verify --judge {out}", cluster_job=cluster_job,
+                        extra_notes=[*notes, "judged offline from the ranks' records (no launcher watchdog)"])

@@ -111,6 +111,18 @@ class RunEnvironment(_Model):
                                                  "where (ep/node_graphs.py)")
 
 
+class ClusterJob(_Model):
+    """The batch job a cluster launcher submitted (``verify --launcher slurm``; verify/run/slurm_run.py)."""
+
+    scheduler: Literal["slurm"] = "slurm"
+    job_id: str
+    state: str = Field(description="the job's last state as Slurm reported it (COMPLETED, CANCELLED, FAILED, ...)")
+    nodes: list[str] | None = Field(None, description="the nodes the job ran on")
+    exit_code: str | None = Field(None, description="the batch job's exit code as Slurm writes it, code:signal")
+    script: str = Field(description="the sbatch script that was submitted (in the run folder)")
+    output: str | None = Field(None, description="the job's stdout/stderr file (slurm-<id>.out)")
+
+
 class VerificationReport(_Model):
     """report.json of ``moe-overlap verify``."""
 
@@ -133,4 +145,5 @@ class VerificationReport(_Model):
     environment: RunEnvironment
     out_dir: str
     files: dict[str, str] = Field(default_factory=dict, description="name -> path of report.md, loss.png, logs")
+    cluster_job: ClusterJob | None = Field(None, description="the Slurm job that ran the ranks (--launcher slurm)")
     notes: list[str] = Field(default_factory=list)

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MODES = ("baseline", "overlap", "overlap+wgrad")
+# A partition or account name goes into the sbatch script: letters, digits and -_. only (no shell, no newline).
+SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
 
 class VerifyOptions(BaseModel):
@@ -50,6 +52,18 @@ class VerifyOptions(BaseModel):
     hang_timeout_s: float = Field(60.0, gt=0, le=86400, description="a rank silent this long is a hang")
     out: str | Path | None = Field(None, description="output folder; default: a new folder under ./verify-out")
     force: bool = Field(False, description="overwrite a folder that already holds a report")
+    # Where the ranks run (verify/run/slurm_run.py): here under the local watchdog, or as a Slurm batch job.
+    launcher: Literal["local", "slurm"] = Field(
+        "local", description="local: ranks on this machine; slurm: submit an sbatch job (srun torchrun on every "
+                             "node), track it, judge its folder when it ends, scancel on cancel/timeout")
+    nodes: int | None = Field(None, ge=1, le=4096, description="slurm / --print-launch: nodes; default "
+                              "ceil(nproc / gpus_per_node)")
+    gpus_per_node: int | None = Field(None, ge=1, le=64, description="slurm / --print-launch: ranks per node "
+                                      "(GPUs with --device cuda); default 8 on cuda, nproc / nodes on cpu")
+    partition: SlurmName | None = Field(None, description="slurm: #SBATCH --partition")
+    account: SlurmName | None = Field(None, description="slurm: #SBATCH --account")
+    time_limit: Annotated[str, Field(pattern=r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$", max_length=16)] | None = Field(
+        None, description="slurm: #SBATCH --time (e.g. 00:30:00); default: the run's timeout")
     # Test-only fault injection (hidden from the CLI help): perturb:MODE, crash:RANK:MODE:STEP, hang:RANK:MODE:STEP.
     inject_fault: str | None = None
 

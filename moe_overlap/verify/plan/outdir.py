@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 MARKER = ".moe-overlap-run.json"
-OUTPUT_FILES = ("report.json", "report.md", "loss.png", "config.json", "plan.json")
+OUTPUT_FILES = ("report.json", "report.md", "loss.png", "config.json", "plan.json", "job.sbatch")
+SLURM_OUT = re.compile(r"slurm-\d{1,12}\.out")  # a --launcher slurm job's output (#SBATCH --output)
 OUTPUT_DIRS = ("ranks", "logs")
 RANK_FILE = re.compile(r"rank\d{1,6}\.(?:jsonl|out|stacks)")
 LOG_FILE = re.compile(r"rank\d{1,6}\.log")
@@ -67,6 +68,7 @@ def is_ours(out: Path) -> bool:
 def earlier_outputs(out: Path) -> list[str]:
     """What an earlier run of ours left in `out` (names relative to it)."""
     found = [name for name in OUTPUT_FILES if _lstat(out / name) is not None]
+    found += sorted(n for n in os.listdir(out) if SLURM_OUT.fullmatch(n)) if _is_real_dir(out) else []
     ranks = out / "ranks"
     if _is_real_dir(ranks):
         found += [f"ranks/{n}" for n in sorted(os.listdir(ranks)) if RANK_FILE.fullmatch(n)]

@@ -35,6 +35,22 @@ TICK_AFTER_S = 1.0  # ticks start when no event came for this long ...
 TICK_EVERY_S = 1.0  # ... and come at most this often
 
 
+def record_event(rec: dict[str, Any], *, nproc: int, max_steps: int) -> dict[str, Any] | None:
+    """The progress event (verify.api's callback) that one of rank 0's records stands for, if any: the same
+    for the local launcher and for a batch job whose records are read from the shared folder."""
+    kind = rec.get("kind")
+    if kind == "hello":
+        return {"event": "ranks", "nproc": nproc}
+    if kind == "init":
+        return {"event": "init", "backend": rec.get("backend")}
+    if kind == "mode_start":
+        return {"event": "mode", "mode": rec.get("mode"), "schedule": rec.get("schedule")}
+    if kind == "step" and isinstance(rec.get("step"), int):
+        return {"event": "step", "mode": rec.get("mode"), "step": rec["step"] + 1, "steps": max_steps,
+                "loss": rec.get("loss")}
+    return None
+
+
 class RunProgress(BaseModel):
     done: float = Field(description="units finished (one unit: one step of one mode; start-up and judging "
                                     "count too)")
@@ -102,6 +118,17 @@ class ProgressTracker:
             else:
                 pending = "the ranks finishing (logs, timings, exit)"
             return self._set(START_UNITS + m + (s - 1) * m + i + 1, "training", text, pending)
+        if kind == "slurm":  # the batch job's state (slurm_run.py): said within the current unit
+            why = f" ({event['reason']})" if event.get("reason") not in (None, "None") else ""
+            self._pending = f"Slurm job {event.get('job_id')}: {event.get('state')}{why}"
+            if self.current is None:
+                return None
+            done = round(min(self.current.done + TICK_STEP, self._base + TICK_SHARE), 2)
+            if done <= self.current.done:
+                return None
+            self.current = RunProgress(done=done, total=self.total, phase=self.current.phase, message=self._pending)
+            self.history.append(self.current)
+            return self.current
         if kind == "judge":
             return self._set(self.total - 1, "judging", "training done; judging: losses, throughput, logs",
                              "judging: losses, throughput, logs")
