@@ -200,7 +200,9 @@ def _pair(case: Case) -> None:
     if "moe_act" in recompute and "--moe-grouped-gemm" not in flags["experts"]:
         flags["experts"] = flags["experts"] + ["--moe-grouped-gemm"]  # moe_act recompute needs grouped GEMM
     if flags.get("fp8") and ("moe_act" in recompute or "layernorm" in recompute):
-        flags["fp8"] = flags["fp8"] + ["--fp8-recipe", "tensorwise"]  # delayed scaling refuses these recomputes
+        flags["fp8"] = []  # Core: fp8 with these recomputes needs its own TE version and recipe
+    if flags.get("graphs") and case.line < (0, 18):  # Megatron-LM <= 0.17 asks for it with graphs and EP
+        flags["graphs"] = flags["graphs"] + ["--moe-pad-experts-for-cuda-graph-inference"]
     graphs = flags.get("graphs", [])
     if flags["experts"][1] == "1" and any(w in graphs for w in ("moe", "moe_router", "moe_preprocess")):
         graphs = flags["graphs"] = [w for w in graphs if w not in ("moe", "moe_router", "moe_preprocess")] + (
@@ -209,8 +211,9 @@ def _pair(case: Case) -> None:
         flags["graphs"] = []  # Core: full recompute only with full-iteration graphs
     if "moe" in recompute and "moe_router" in graphs:
         flags["graphs"] = [w for w in graphs if w not in ("moe_router", "moe_preprocess")]  # Core refuses both
-    if "--moe-shared-expert-overlap" in flags.get("shared", []) and "allgather" in flags["dispatcher"]:
-        flags["shared"] = ["--moe-shared-expert-intermediate-size", "32"]  # Core: alltoall/flex only
+    shared_ok = ("alltoall",) if case.line < (0, 18) else ("alltoall", "flex")
+    if "--moe-shared-expert-overlap" in flags.get("shared", []) and flags["dispatcher"][1] not in shared_ok:
+        flags["shared"] = ["--moe-shared-expert-intermediate-size", "32"]  # Core: alltoall (0.18: or flex) only
 
 
 def generate(rng: random.Random, line: Line, near_valid: bool) -> Case:

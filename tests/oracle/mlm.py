@@ -68,6 +68,8 @@ _MORE = {
     "number of layers of the model must be divisible pipeline": "config:layer-split",
     "Number of layers should be divisible by the pipeline-model-parallel size": "config:layer-split",
     "The length of pipeline_model_parallel_layout must be divisible": "config:layer-split",
+    "When interleaved schedule is used": "config:layer-split",
+    "No more than one of the following arguments can be set": "config:layer-split",
 }
 
 

@@ -50,6 +50,9 @@ class ModelSection(_Section):
     pipeline_model_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL)
     virtual_pipeline_model_parallel_size: int | None = Field(None, ge=1, le=MAX_LAYERS)
     num_layers_per_virtual_pipeline_stage: int | None = Field(None, ge=1, le=MAX_LAYERS)
+    num_virtual_stages_per_pipeline_rank: int | None = Field(None, ge=1, le=MAX_LAYERS)
+    pipeline_model_parallel_layout: str | None = Field(None, max_length=4096, description="e.g. 'Ettt|(tt|)*3,L'")
+    num_layers: int | None = Field(None, ge=1, le=MAX_LAYERS)
     context_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL)
     recompute_granularity: Literal["full", "selective"] | None = None
     recompute_method: Literal["uniform", "block"] | None = None
@@ -114,7 +117,8 @@ class TrainSection(_Section):
 class ConfigNote(BaseModel):
     """Something the parser did or noticed (unknown key, renamed field, derived value): reported as info."""
 
-    kind: Literal["unknown-key", "renamed-field", "derived-value", "wrong-section"]
+    kind: Literal["unknown-key", "renamed-field", "derived-value", "wrong-section", "layer-split"] = Field(
+        description="layer-split: a pipeline split Megatron-LM's argument checks refuse (an error)")
     path: str
     message: str
 
@@ -308,13 +312,13 @@ def parse_config(source: Any = None, overrides: Sequence[str] = (), *,
     notes: list[ConfigNote] = []
     data: dict[str, Any] = _load(source) if source is not None else {}
     if argv:
-        sections, unknown = parse_argv(argv)
+        sections, argv_notes = parse_argv(argv)
         for section, fields in sections.items():
             target = data.setdefault(section, {})
             if not isinstance(target, dict):
                 raise ConfigError(f"{section}: must be a mapping of fields", field=section)
             target.update(fields)
-        notes.extend(ConfigNote(kind="unknown-key", path=flag, message=msg) for flag, msg in unknown)
+        notes.extend(ConfigNote(kind=kind, path=path, message=msg) for kind, path, msg in argv_notes)
     for item in overrides:
         _apply_override(data, item)
     normalised = _normalise(check_values(data) if overrides or argv else data, notes)
