@@ -205,8 +205,11 @@ def _pair(case: Case) -> None:
         flags["graphs"] = flags["graphs"] + ["--moe-pad-experts-for-cuda-graph-inference"]
     graphs = flags.get("graphs", [])
     if flags["experts"][1] == "1" and any(w in graphs for w in ("moe", "moe_router", "moe_preprocess")):
-        graphs = flags["graphs"] = [w for w in graphs if w not in ("moe", "moe_router", "moe_preprocess")] + (
-            ["attn"] if "attn" not in graphs else [])  # Core: MoE graph scopes need an MoE model
+        graphs = [w for w in graphs if w not in ("moe", "moe_router", "moe_preprocess")]  # Core: MoE scopes need MoE
+        name = next(w for w in graphs if w in ("--cuda-graph-scope", "--cuda-graph-modules"))
+        if "attn" not in graphs:
+            graphs.insert(graphs.index(name) + 1, "attn")
+        flags["graphs"] = graphs
     if graphs and "full" in recompute and "full_iteration" not in graphs:
         flags["graphs"] = []  # Core: full recompute only with full-iteration graphs
     if "moe" in recompute and "moe_router" in graphs:

@@ -180,7 +180,7 @@ def record(version: str) -> Path:
     out = mlm_verdicts(version, payload)
     source = (releases.mlm_training_root(version) / "SOURCE").read_text().strip()
     data = {"source": source, "generated_by": "python -m tests.oracle.mlm --record", "digest": digest(payload),
-            "file": out["file"], "results": out["results"]}
+            "file": str(Path(out["file"]).relative_to(releases.cache_dir())), "results": out["results"]}
     RECORDED.mkdir(parents=True, exist_ok=True)
     recording(version).write_text(json.dumps(data, separators=(",", ":")) + "\n")
     return recording(version)

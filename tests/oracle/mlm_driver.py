@@ -110,15 +110,17 @@ def main() -> None:
             os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
         sys.argv = ["pretrain_gpt.py", *case["argv"]]
         derived: dict = {}
+        err = io.StringIO()
         try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
                 args = arguments.parse_args()
                 arguments.validate_args(args, {})
                 derived = {"vpp": args.virtual_pipeline_model_parallel_size,
                            "gradient_accumulation_fusion": args.gradient_accumulation_fusion}
                 to_config(args)
         except SystemExit as exc:  # argparse: an unknown flag or a bad value
-            out.append([False, "SystemExit", f"argparse exit {exc.code}", derived])
+            last = (err.getvalue().strip().splitlines() or [""])[-1]
+            out.append([False, "SystemExit", f"argparse exit {exc.code}: {last[:400]}", derived])
         except Exception as exc:  # noqa: BLE001 - every rejection is reported, the caller sorts them out
             out.append([False, type(exc).__name__, str(exc)[:500], derived])
         else:
