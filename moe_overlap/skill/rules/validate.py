@@ -124,14 +124,16 @@ def _field_name_notes(cfg, line) -> list[Finding]:
 def validate_config(source: Any = None, *, overrides: Sequence[str] = (), argv: str | Sequence[str] | None = None,
                     torch_version: str | None = None, te_version: str | None = None, gpu: str | None = None,
                     megatron_core_version: str | None = None,
-                    env: Mapping[str, str] | Environment | None = None, detect: bool = True) -> ValidationResult:
+                    env: Mapping[str, str] | Environment | None = None, detect: bool = True,
+                    flavour: Literal["megatron-bridge", "megatron-lm"] | None = None) -> ValidationResult:
     """Validate a config (dict, path, YAML text; plus Megatron-LM `argv` and dotted `overrides`).
 
     `env`: environment variables to read (default os.environ), or a ready Environment (then nothing is detected).
+    `flavour`: who reads the config; default megatron-lm for `argv` alone, else megatron-bridge.
     Raises ConfigError on unreadable input.
     """
     cfg = parse_config(source, overrides, argv=argv)
-    flavour = "megatron-lm" if argv and source is None else "megatron-bridge"
+    flavour = flavour or ("megatron-lm" if argv and source is None else "megatron-bridge")
     if isinstance(env, Environment):
         environment = env
     else:
