@@ -27,7 +27,7 @@ from pathlib import Path
 
 from moe_overlap.skill.rules import sources
 from moe_overlap.skill.rules.validate import validate_config
-from tests.oracle import releases
+from tests.oracle import releases, scripts
 from tests.oracle.generate_argv import generate
 
 N_ARGV = 400
@@ -112,8 +112,9 @@ def recording(version: str) -> Path:
     return RECORDED / f"megatron-lm-{version}-verdicts.json"
 
 
-def mlm_verdicts(version: str, payload: list[dict]) -> dict:
-    """The release's own verdicts, live when its megatron/training is here, else the committed recording."""
+def mlm_verdicts(version: str, payload: list[dict], key: str = "results") -> dict:
+    """The release's own verdicts, live when its megatron/training is here, else the committed recording
+    (`key`: "results" for the generated command lines, "scripts" for tests/oracle/scripts.py's)."""
     if releases.has_mlm_training(version):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["PYTHONPATH"] = releases.mlm_python_path(version)
@@ -124,10 +125,10 @@ def mlm_verdicts(version: str, payload: list[dict]) -> dict:
             raise RuntimeError(f"Megatron-LM {version} driver failed:\n{proc.stderr[-3000:]}")
         return json.loads(proc.stdout) | {"live": True}
     data = json.loads(recording(version).read_text())
-    if data["digest"] != digest(payload):
+    if data[f"{key}_digest"] != digest(payload):
         raise RuntimeError(f"{recording(version)} was recorded for other command lines (the generator changed): "
                            "re-record with `python -m tests.oracle.mlm --record` where the tag is unpacked")
-    return data | {"live": False}
+    return {"file": data["file"], "results": data[key], "live": False}
 
 
 def available() -> list[str]:
@@ -172,15 +173,21 @@ def run_oracle(version: str, n: int = N_ARGV) -> Report:
     return report
 
 
+def script_payload(version: str) -> list[dict]:
+    return [{"argv": argv, "env": env, "te": "2.12.0", "torch": "2.6.0"} for _, _, argv, env in scripts.cases(version)]
+
+
 def record(version: str) -> Path:
-    payload = _payload(cases(version))
+    payload, real = _payload(cases(version)), script_payload(version)
     if not releases.has_mlm_training(version):
         raise SystemExit(f"Megatron-LM {version}'s megatron/training is not unpacked: python -m tests.oracle.fetch "
                          "--megatron-lm-git DIR")
     out = mlm_verdicts(version, payload)
     source = (releases.mlm_training_root(version) / "SOURCE").read_text().strip()
-    data = {"source": source, "generated_by": "python -m tests.oracle.mlm --record", "digest": digest(payload),
-            "file": str(Path(out["file"]).relative_to(releases.cache_dir())), "results": out["results"]}
+    data = {"source": source, "generated_by": "python -m tests.oracle.mlm --record",
+            "file": str(Path(out["file"]).relative_to(releases.cache_dir())),
+            "results_digest": digest(payload), "scripts_digest": digest(real),
+            "scripts": mlm_verdicts(version, real)["results"], "results": out["results"]}
     RECORDED.mkdir(parents=True, exist_ok=True)
     recording(version).write_text(json.dumps(data, separators=(",", ":")) + "\n")
     return recording(version)

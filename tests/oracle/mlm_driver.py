@@ -12,7 +12,10 @@ What is stood in for, and why (nothing else is touched):
 - ``six``, ``regex`` (0.16.1's tokenizers import them at module level; never called here): empty modules if absent.
 - Python 3.11 lacks ``typing.override`` (3.12), which 0.18+ imports: an identity decorator.
 - The TE and torch version probes answer the case's versions (as tests/oracle/core_driver.py does), and
-  ``torch.cuda.get_device_capability`` answers (9, 0): there is no GPU here, the grouped-GEMM check asks for one.
+  ``torch.cuda.get_device_capability`` / ``get_device_properties`` answer an H100 (9.0): there is no GPU here, and
+  the grouped-GEMM and Megatron-FSDP checks ask for one.
+- TE's fused kernels that TransformerConfig asks for (``rope_utils.fused_*``: RoPE fusion, Megatron-LM's default;
+  ``moe_utils.fused_*``: ``--moe-permute-fusion``) are placeholder functions: the TE the case names is installed.
 - Environment variables (WORLD_SIZE, RANK, CUDA_DEVICE_MAX_CONNECTIONS) are set per case; no process group is made.
 """
 
@@ -83,6 +86,18 @@ def main() -> None:
     from megatron.core.transformer import transformer_config as tc
 
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(major=9, minor=0, name="NVIDIA H100")
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.transformer.moe import moe_utils
+
+    # TE's fused kernels TransformerConfig asks for (RoPE, permutation); 0.16.1 defines the names only with TE.
+    te_kernels = {rope_utils: ("fused_apply_rotary_pos_emb", "fused_apply_rotary_pos_emb_thd"),
+                  moe_utils: ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                              "fused_sort_chunks_by_index_with_probs", "fused_unpermute")}
+    for mod, names in te_kernels.items():
+        for name in names:
+            if getattr(mod, name, None) is None:
+                setattr(mod, name, lambda *a, **k: None)
     utils = sys.modules.get("megatron.training.argument_utils")
     to_config = getattr(arguments, "core_transformer_config_from_args", None) or utils.core_transformer_config_from_args
     modules = [m for m in (arguments, tc, utils, sys.modules.get("megatron.core.utils")) if m is not None]
