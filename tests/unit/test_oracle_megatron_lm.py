@@ -65,3 +65,11 @@ def test_recorded_verdicts_name_their_source():
     assert len(data["results"]) == mlm.N_ARGV
     assert data["results_digest"] == mlm.digest(mlm._payload(mlm.cases("0.16.1")))
     assert data["scripts_digest"] == mlm.digest(mlm.script_payload("0.16.1"))
+
+
+def test_docs_list_the_advisory_rules():
+    """docs/oracle-megatron-lm.md's table names exactly the rules ADVISORY lists."""
+    doc = (mlm.RECORDED.parents[2] / "docs" / "oracle-megatron-lm.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith("| `") and "|" in line[2:]]
+    listed = {line.split("`")[1] for line in rows if not line.startswith("| `megatron")}
+    assert listed == set(mlm.ADVISORY)
