@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from moe_overlap.skill.config.argv import FLAGS
 from moe_overlap.skill.rules import sources
 from moe_overlap.skill.rules.validate import validate_config
 from tests.oracle import releases, scripts
@@ -128,7 +129,12 @@ def mlm_verdicts(version: str, payload: list[dict], key: str = "results") -> dic
     if data[f"{key}_digest"] != digest(payload):
         raise RuntimeError(f"{recording(version)} was recorded for other command lines (the generator changed): "
                            "re-record with `python -m tests.oracle.mlm --record` where the tag is unpacked")
-    return {"file": data["file"], "results": data[key], "live": False}
+    return {"file": data["file"], "results": data[key], "flags": data["flags"], "live": False}
+
+
+def parser_flags(version: str) -> frozenset[str]:
+    """The option strings of the release's own Megatron-LM parser (from its run, else recorded for 0.16.1)."""
+    return frozenset(_generated(version)[2]["flags"])
 
 
 def available() -> list[str]:
@@ -141,13 +147,18 @@ def ours(case, version: str):
 
 
 @cache
+def _generated(version: str, n: int = N_ARGV) -> tuple[list, float, dict]:
+    items = cases(version, n)
+    start = time.perf_counter()
+    verdicts = mlm_verdicts(version, _payload(items))
+    return items, time.perf_counter() - start, verdicts
+
+
+@cache
 def run_oracle(version: str, n: int = N_ARGV) -> Report:
     report = Report(version=version)
-    items = cases(version, n)
-    payload = _payload(items)
-    start = time.perf_counter()
-    mlm = mlm_verdicts(version, payload)
-    report.seconds_mlm, report.live, report.mlm_file = time.perf_counter() - start, mlm["live"], mlm["file"]
+    items, report.seconds_mlm, mlm = _generated(version, n)
+    report.live, report.mlm_file = mlm["live"], mlm["file"]
     known = messages()
     start = time.perf_counter()
     for i, (case, (ok, exc, message, _derived)) in enumerate(zip(items, mlm["results"], strict=True)):
@@ -182,12 +193,13 @@ def record(version: str) -> Path:
     if not releases.has_mlm_training(version):
         raise SystemExit(f"Megatron-LM {version}'s megatron/training is not unpacked: python -m tests.oracle.fetch "
                          "--megatron-lm-git DIR")
-    out = mlm_verdicts(version, payload)
+    out = _generated(version)[2]
     source = (releases.mlm_training_root(version) / "SOURCE").read_text().strip()
     data = {"source": source, "generated_by": "python -m tests.oracle.mlm --record",
             "file": str(Path(out["file"]).relative_to(releases.cache_dir())),
             "results_digest": digest(payload), "scripts_digest": digest(real),
-            "scripts": mlm_verdicts(version, real)["results"], "results": out["results"]}
+            "scripts": mlm_verdicts(version, real)["results"],
+            "flags": sorted(f for f in out["flags"] if f in FLAGS), "results": out["results"]}
     RECORDED.mkdir(parents=True, exist_ok=True)
     recording(version).write_text(json.dumps(data, separators=(",", ":")) + "\n")
     return recording(version)

@@ -4,7 +4,7 @@ Reads a JSON list of cases from stdin, each {"argv": [...], "env": {...}, "te": 
 each runs that release's own Megatron-LM argument handling as ``pretrain_gpt.py`` does:
 ``parse_args -> validate_args -> core_transformer_config_from_args``. Prints one JSON document with
 [accepted, exception type, message, derived] per case (derived: a few values Megatron-LM computed, e.g. the VPP
-size). Standalone on purpose: it must not import moe_overlap (the child runs with the release's path).
+size), and the option strings of the release's parser. Standalone on purpose: it must not import moe_overlap (the child runs with the release's path).
 
 What is stood in for, and why (nothing else is touched):
 - ``megatron.training`` is entered as a bare package (its ``__init__`` imports the whole training loop: wandb,
@@ -101,12 +101,6 @@ def main() -> None:
     utils = sys.modules.get("megatron.training.argument_utils")
     to_config = getattr(arguments, "core_transformer_config_from_args", None) or utils.core_transformer_config_from_args
     modules = [m for m in (arguments, tc, utils, sys.modules.get("megatron.core.utils")) if m is not None]
-    if len(sys.argv) > 2 and sys.argv[2] == "--list-flags":  # the option strings this release's parser knows
-        import argparse
-
-        parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
-        json.dump(sorted(o for a in parser._actions for o in a.option_strings), sys.stdout)
-        return
     # Built once and handed to every parse_args (argparse parsers are not changed by parsing): building the
     # ~850-option parser is most of a case's time.
     import argparse
@@ -140,7 +134,8 @@ def main() -> None:
             out.append([False, type(exc).__name__, str(exc)[:500], derived])
         else:
             out.append([True, "", "", derived])
-    json.dump({"file": arguments.__file__, "core_file": tc.__file__, "results": out}, sys.stdout)
+    flags = sorted(o for a in parser._actions for o in a.option_strings)
+    json.dump({"file": arguments.__file__, "core_file": tc.__file__, "flags": flags, "results": out}, sys.stdout)
 
 
 if __name__ == "__main__":

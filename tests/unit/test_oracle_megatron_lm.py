@@ -18,6 +18,7 @@ import os
 
 import pytest
 
+from moe_overlap.skill.config.argv import FLAG_RELEASES, FLAGS
 from moe_overlap.skill.rules.registry import rules_for
 from tests.oracle import mlm, releases
 
@@ -73,3 +74,16 @@ def test_docs_list_the_advisory_rules():
     rows = [line for line in doc.splitlines() if line.startswith("| `") and "|" in line[2:]]
     listed = {line.split("`")[1] for line in rows if not line.startswith("| `megatron")}
     assert listed == set(mlm.ADVISORY)
+
+
+@pytest.mark.parametrize("version", releases.RELEASES)
+def test_flags_read_are_flags_of_the_release(version):
+    """Every mapped flag is in the release's own parser exactly where FLAG_RELEASES says it is (else Megatron-LM
+    stops with 'unrecognized arguments' and validate must say so)."""
+    _need(version)
+    theirs = mlm.parser_flags(version)
+    line = releases.line(version)
+    for flag in set(FLAGS) - {"--data-parallel-size"}:
+        first, last = FLAG_RELEASES.get(flag, (None, None))
+        expected = not ((first and line < first) or (last and line > last))
+        assert (flag in theirs) == expected, (flag, version)

@@ -94,8 +94,21 @@ def _summary(unknown: list[tuple[str, str]]) -> list[megatron_lm.Note]:
              f"not checked: {named}{more}")]
 
 
-def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], list[megatron_lm.Note]]:
-    """Megatron-LM flags -> ({section: {field: value}} as Megatron-LM's validate_args leaves them, notes)."""
+# Mapped flags that not every release's parser has (first, last release line; None = open): Megatron-LM stops
+# with "unrecognized arguments" on a flag its release lacks. From each release's parser (tests/oracle/mlm_driver.py
+# --list-flags; tests/unit/test_oracle_megatron_lm.py checks this table against it). --data-parallel-size is the
+# validator's own hint (Megatron-LM derives the DP size from WORLD_SIZE) and is not listed.
+FLAG_RELEASES: dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None]] = {
+    "--virtual-pipeline-model-parallel-size": ((99, 0), None),  # no release: VPP comes from the three VPP flags
+    "--cuda-graph-modules": ((0, 18), None),
+    "--overlap-dispatch-backward-with-experts-wgrad": ((0, 18), None),
+    "--moe-use-legacy-grouped-gemm": (None, (0, 16)),
+}
+
+
+def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], list[megatron_lm.Note], list[str]]:
+    """Megatron-LM flags -> ({section: {field: value}} as Megatron-LM's validate_args leaves them, notes, the
+    mapped flags given)."""
     try:
         tokens = shlex.split(argv) if isinstance(argv, str) else list(argv)
     except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
@@ -103,6 +116,7 @@ def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], li
                           fix="close the quote or escape it, as a shell would need") from None
     sections: dict[str, dict[str, Any]] = {}
     unknown: list[tuple[str, str]] = []
+    given: list[str] = []
     i = 0
     while i < len(tokens):
         tok = tokens[i]
@@ -125,6 +139,7 @@ def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], li
             unknown.append((flag[:80], f" (did you mean {close[0]}?)" if close else ""))
             continue
         section, field, kind = spec
+        given.append(flag)
         if kind in ("true", "false"):
             if values:
                 raise ConfigError(f"{flag} is a switch and takes no value, got {' '.join(values)!r}", field=flag)
@@ -149,4 +164,4 @@ def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], li
             notes.append(("derived-value", "model.cuda_graph_impl", f"--{flag.replace('_', '-')} read as "
                           f"--cuda-graph-impl {impl} (its deprecated spelling)"))
     notes += megatron_lm.apply(sections, extra)
-    return sections, notes + _summary(unknown)
+    return sections, notes + _summary(unknown), given

@@ -136,6 +136,7 @@ class OverlapConfig(BaseModel):
         None, description='Bridge mixed-precision recipe, e.g. "bf16_mixed" (sets model.bf16)')
 
     _notes: list[ConfigNote] = PrivateAttr(default_factory=list)
+    _argv_flags: list[str] = PrivateAttr(default_factory=list)  # the mapped Megatron-LM flags given
 
     @property
     def notes(self) -> list[ConfigNote]:
@@ -310,9 +311,10 @@ def parse_config(source: Any = None, overrides: Sequence[str] = (), *,
     if isinstance(source, OverlapConfig) and not overrides and not argv:
         return source
     notes: list[ConfigNote] = []
+    argv_flags: list[str] = []
     data: dict[str, Any] = _load(source) if source is not None else {}
     if argv:
-        sections, argv_notes = parse_argv(argv)
+        sections, argv_notes, argv_flags = parse_argv(argv)
         for section, fields in sections.items():
             target = data.setdefault(section, {})
             if not isinstance(target, dict):
@@ -327,6 +329,7 @@ def parse_config(source: Any = None, overrides: Sequence[str] = (), *,
     except ValidationError as exc:
         raise _validation_error(exc) from None
     cfg._notes = notes
+    cfg._argv_flags = argv_flags if argv else []
     return cfg
 
 

@@ -97,6 +97,25 @@ def _release_field_notes(cfg, line) -> list[Finding]:
     return out
 
 
+def _flag_release_notes(cfg, line) -> list[Finding]:
+    """A Megatron-LM flag the selected release's parser does not have: pretrain_gpt.py would not start."""
+    from moe_overlap.skill.config.argv import FLAG_RELEASES
+
+    out = []
+    for flag in dict.fromkeys(cfg._argv_flags):
+        first, last = FLAG_RELEASES.get(flag, (None, None))
+        if (first and line < first) or (last and line > last):
+            span = ("in no release" if first and first[0] >= 99 else
+                    f"from megatron-core {first[0]}.{first[1]}" if first else f"up to {last[0]}.{last[1]}")
+            out.append(Finding(rule="config:flag-not-in-release", severity="error", path=flag, message=(
+                f"Megatron-LM {line[0]}.{line[1]}'s parser has no {flag} (it exists {span}): pretrain_gpt.py stops "
+                "with 'unrecognized arguments'"), fix=(
+                "set VPP with --num-virtual-stages-per-pipeline-rank or --num-layers-per-virtual-pipeline-stage"
+                if flag == "--virtual-pipeline-model-parallel-size" else
+                f"drop {flag}, or validate with the release you run (--megatron-core-version)")))
+    return out
+
+
 def _rule_set_finding(selection) -> list[Finding]:
     if selection.note is None:
         return []
@@ -149,6 +168,8 @@ def validate_config(source: Any = None, *, overrides: Sequence[str] = (), argv: 
     findings += [Finding(rule=f"config:{n.kind}", severity=severity.get(n.kind, "info"), path=n.path,
                          message=n.message) for n in cfg.notes]
     findings += _field_name_notes(cfg, selection.line) + _release_field_notes(cfg, selection.line)
+    if flavour == "megatron-lm":
+        findings += _flag_release_notes(cfg, selection.line)
     findings += _rule_set_finding(selection)
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order[f.severity])
