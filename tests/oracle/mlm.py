@@ -70,6 +70,7 @@ _MORE = {
     "Number of layers should be divisible by the pipeline-model-parallel size": "config:layer-split",
     "The length of pipeline_model_parallel_layout must be divisible": "config:layer-split",
     "When interleaved schedule is used": "config:layer-split",
+    "please use --num-virtual-stages-per-pipeline-rank to specify virtual pipeline": "config:layer-split",
     "No more than one of the following arguments can be set": "config:layer-split",
 }
 

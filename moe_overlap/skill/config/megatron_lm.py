@@ -36,11 +36,16 @@ def layout_stages(layout: str) -> list[str] | None:
     if len(layout) > MAX_LAYOUT:
         return None
     text = layout.replace(",", "")
+    budget = [MAX_UNROLLED]  # characters all unrolling together may produce: a layout is short
+
+    def unroll(m: re.Match) -> str:
+        count = int(m.group(2)) if len(m.group(2)) <= 7 else MAX_UNROLLED + 1
+        budget[0] -= len(m.group(1)) * count
+        if budget[0] < 0:
+            raise OverflowError
+        return m.group(1) * count
+
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        def unroll(m: re.Match) -> str:
-            if len(m.group(1)) * int(m.group(2)[:7]) > MAX_UNROLLED:
-                raise OverflowError
-            return m.group(1) * int(m.group(2))
         try:
             text = re.sub(pattern, unroll, text)
         except OverflowError:
@@ -131,6 +136,10 @@ def apply(sections: dict[str, dict[str, Any]], extra: dict[str, Any]) -> list[No
             "arguments can be set at the same time'")))
         return notes
     pp = model.get("pipeline_model_parallel_size", 1)
+    numbers = [pp] + [model.get(k) for k in ("num_layers", "num_layers_per_virtual_pipeline_stage",
+                                              "num_virtual_stages_per_pipeline_rank") if model.get(k) is not None]
+    if any(n < 1 for n in numbers):
+        return notes  # out of range: the config model refuses it with the field's name
     vpp, derived = _vpp(model, extra, pp, notes)
     if not derived:
         notes.append(("derived-value", "model.num_layers_per_virtual_pipeline_stage", (
