@@ -114,28 +114,40 @@ def recording(version: str) -> Path:
     return RECORDED / f"megatron-lm-{version}-verdicts.json"
 
 
-def mlm_verdicts(version: str, payload: list[dict], key: str = "results") -> dict:
-    """The release's own verdicts, live when its megatron/training is here, else the committed recording
-    (`key`: "results" for the generated command lines, "scripts" for tests/oracle/scripts.py's)."""
+def _live(version: str, payload: list[dict]) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = releases.mlm_python_path(version)
+    proc = subprocess.run([sys.executable, str(DRIVER), str(releases.mlm_training_root(version))],
+                          input=json.dumps(payload), capture_output=True, text=True, env=env, timeout=600,
+                          cwd=str(DRIVER.parent))
+    if proc.returncode != 0:
+        raise RuntimeError(f"Megatron-LM {version} driver failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+@cache
+def mlm_verdicts(version: str) -> dict:
+    """The release's own verdicts on the generated command lines ("results") and on the real ones ("scripts"),
+    from one child process when its megatron/training is here, else from the committed recording."""
+    generated, real = _payload(cases(version)), script_payload(version)
+    start = time.perf_counter()
     if releases.has_mlm_training(version):
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["PYTHONPATH"] = releases.mlm_python_path(version)
-        proc = subprocess.run([sys.executable, str(DRIVER), str(releases.mlm_training_root(version))],
-                              input=json.dumps(payload), capture_output=True, text=True, env=env, timeout=600,
-                              cwd=str(DRIVER.parent))
-        if proc.returncode != 0:
-            raise RuntimeError(f"Megatron-LM {version} driver failed:\n{proc.stderr[-3000:]}")
-        return json.loads(proc.stdout) | {"live": True}
+        out = _live(version, generated + real)
+        return {"file": out["file"], "flags": out["flags"], "results": out["results"][:len(generated)],
+                "scripts": out["results"][len(generated):], "live": True, "seconds": time.perf_counter() - start}
     data = json.loads(recording(version).read_text())
-    if data[f"{key}_digest"] != digest(payload):
-        raise RuntimeError(f"{recording(version)} was recorded for other command lines (the generator changed): "
-                           "re-record with `python -m tests.oracle.mlm --record` where the tag is unpacked")
-    return {"file": data["file"], "results": data[key], "flags": data["flags"], "live": False}
+    for key, payload in (("results", generated), ("scripts", real)):
+        if data[f"{key}_digest"] != digest(payload):
+            raise RuntimeError(f"{recording(version)} was recorded for other command lines (a generator or a "
+                               "fixture changed): re-record with `python -m tests.oracle.mlm --record` where the "
+                               "tag is unpacked")
+    return {key: data[key] for key in ("file", "flags", "results", "scripts")} | {
+        "live": False, "seconds": time.perf_counter() - start}
 
 
 def parser_flags(version: str) -> frozenset[str]:
     """The option strings of the release's own Megatron-LM parser (from its run, else recorded for 0.16.1)."""
-    return frozenset(_generated(version)[2]["flags"])
+    return frozenset(mlm_verdicts(version)["flags"])
 
 
 def available() -> list[str]:
@@ -148,18 +160,10 @@ def ours(case, version: str):
 
 
 @cache
-def _generated(version: str, n: int = N_ARGV) -> tuple[list, float, dict]:
-    items = cases(version, n)
-    start = time.perf_counter()
-    verdicts = mlm_verdicts(version, _payload(items))
-    return items, time.perf_counter() - start, verdicts
-
-
-@cache
-def run_oracle(version: str, n: int = N_ARGV) -> Report:
+def run_oracle(version: str) -> Report:
     report = Report(version=version)
-    items, report.seconds_mlm, mlm = _generated(version, n)
-    report.live, report.mlm_file = mlm["live"], mlm["file"]
+    items, mlm = cases(version), mlm_verdicts(version)
+    report.seconds_mlm, report.live, report.mlm_file = mlm["seconds"], mlm["live"], mlm["file"]
     known = messages()
     start = time.perf_counter()
     for i, (case, (ok, exc, message, _derived)) in enumerate(zip(items, mlm["results"], strict=True)):
@@ -194,12 +198,12 @@ def record(version: str) -> Path:
     if not releases.has_mlm_training(version):
         raise SystemExit(f"Megatron-LM {version}'s megatron/training is not unpacked: python -m tests.oracle.fetch "
                          "--megatron-lm-git DIR")
-    out = _generated(version)[2]
+    out = mlm_verdicts(version)
     source = (releases.mlm_training_root(version) / "SOURCE").read_text().strip()
     data = {"source": source, "generated_by": "python -m tests.oracle.mlm --record",
             "file": str(Path(out["file"]).relative_to(releases.cache_dir())),
             "results_digest": digest(payload), "scripts_digest": digest(real),
-            "scripts": mlm_verdicts(version, real)["results"],
+            "scripts": out["scripts"],
             "flags": sorted(f for f in out["flags"] if f in FLAGS), "results": out["results"]}
     RECORDED.mkdir(parents=True, exist_ok=True)
     recording(version).write_text(json.dumps(data, separators=(",", ":")) + "\n")

@@ -22,7 +22,7 @@ def _ours(argv, env, version):
 def test_scripts_get_megatron_lms_verdict(version):
     _need(version)
     cases = scripts.cases(version)
-    theirs = mlm.mlm_verdicts(version, mlm.script_payload(version), key="scripts")["results"]
+    theirs = mlm.mlm_verdicts(version)["scripts"]
     known = mlm.messages()
     assert len(cases) >= 10
     for (name, label, argv, env), (ok, _exc, message, _derived) in zip(cases, theirs, strict=True):
