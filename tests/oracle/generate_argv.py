@@ -99,8 +99,12 @@ def _graphs(rng: random.Random, case: Case, valid: bool) -> None:
     if "moe" in scope:  # "moe" graphs need drop-and-pad (else Core refuses them for an unrelated reason)
         words += ["--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"]
         case.flags["dispatcher"] = ["--moe-token-dispatcher-type", "alltoall"]
+    if impl == "local" and rng.random() < 0.3:  # the old spelling of full-iteration graphs (0.18: migrated)
+        scope = ["full_iteration"]
+        words.append("--no-check-for-nan-in-loss-and-grad")
     if scope:
-        name = "--cuda-graph-scope" if line < (0, 18) or rng.random() < 0.3 else "--cuda-graph-modules"
+        name = "--cuda-graph-scope" if line < (0, 18) or rng.random() < 0.3 or scope == ["full_iteration"] else (
+            "--cuda-graph-modules")
         if name == "--cuda-graph-modules" and scope == ["full"]:
             scope = ["attn"]
         words += [name, *scope]
