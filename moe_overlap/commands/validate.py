@@ -14,7 +14,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--torch-version", help="torch version to check against (default: installed)")
     parser.add_argument("--te-version", help="Transformer Engine version (default: installed)")
     parser.add_argument("--gpu", help="GPU name or compute capability, e.g. H100 or 9.0 (default: nvidia-smi)")
-    parser.add_argument("--megatron-core-version", help="rule set to apply (default: installed, else newest)")
+    parser.add_argument("--megatron-core-version", help=(
+        "rule set to apply (default: a config implies Bridge 0.6.2's Core, 0.19; --argv alone: the installed "
+        "megatron-core, else the newest known)"))
     add_format_argument(parser)
 
 

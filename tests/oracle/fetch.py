@@ -54,6 +54,28 @@ def _bridge(tmp: Path) -> None:
     shutil.rmtree(wheels)
 
 
+def megatron_lm_training(git_dir: Path) -> dict[str, float]:
+    """megatron/training of each release in releases.MLM_TAGS, from a Megatron-LM git checkout (`git archive`
+    of the release tag): the wheels and sdist of those releases do not ship it."""
+    times: dict[str, float] = {}
+    for version, tag in releases.MLM_TAGS.items():
+        target = releases.mlm_training_root(version)
+        if (target / "megatron" / "training" / "arguments.py").is_file():
+            continue
+
+        def fill(tmp: Path, tag=tag) -> None:
+            tmp.mkdir(parents=True)
+            parts = ["megatron/training", "megatron/legacy"]  # training/utils.py imports megatron.legacy
+            archive = subprocess.run(["git", f"--git-dir={git_dir}", "archive", tag, *parts], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+            commit = subprocess.run(["git", f"--git-dir={git_dir}", "rev-parse", f"{tag}^{{commit}}"], check=True,
+                                    capture_output=True, text=True).stdout.strip()
+            (tmp / "SOURCE").write_text(f"Megatron-LM {tag} {commit} {' '.join(parts)}\n")
+        times[f"megatron-lm {tag} megatron/training"] = _into(target, fill)
+    return times
+
+
 def missing() -> list[str]:
     out = [v for v in releases.RELEASES if not releases.is_unpacked(v)]
     if not (bridge_dir() / "megatron" / "bridge" / "training" / "comm_overlap.py").is_file():
@@ -80,7 +102,13 @@ def fetch() -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report what is missing (exit 1 if any)")
+    parser.add_argument("--megatron-lm-git", type=Path, metavar="GIT_DIR",
+                        help="a Megatron-LM git directory: unpack megatron/training of the releases whose wheels lack "
+                             "it (0.16.1, tag core_v0.16.1), for the live Megatron-LM argv oracle")
     args = parser.parse_args(argv)
+    if args.megatron_lm_git is not None:
+        for name, seconds in megatron_lm_training(args.megatron_lm_git).items():
+            print(f"oracle-releases: {name} unpacked in {seconds:.1f} s")
     if args.check:
         gone = missing()
         print("missing: " + ", ".join(gone) if gone else f"all present in {releases.cache_dir()}")

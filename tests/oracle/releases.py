@@ -46,6 +46,27 @@ def python_path(version: str) -> str:
     return os.pathsep.join(parts)
 
 
+# Megatron-LM's argument handling (megatron/training) ships in the megatron-core wheels from 0.17; neither the
+# 0.16.1 wheel nor its PyPI sdist has it (checked 2026-12-01), so 0.16.1's comes from the core_v0.16.1 tag of a
+# Megatron-LM git checkout (`python -m tests.oracle.fetch --megatron-lm-git DIR`), where one exists; CI has none
+# and checks 0.16.1 against the verdicts recorded from it (tests/data/oracle/).
+MLM_TAGS = {"0.16.1": "core_v0.16.1"}
+
+
+def mlm_training_root(version: str) -> Path:
+    """The folder holding megatron/training for `version` (the release itself from 0.17)."""
+    return cache_dir() / f"megatron-lm-training-{version}" if version in MLM_TAGS else release_dir(version)
+
+
+def has_mlm_training(version: str) -> bool:
+    return is_unpacked(version) and (mlm_training_root(version) / "megatron" / "training" / "arguments.py").is_file()
+
+
+def mlm_python_path(version: str) -> str:
+    extra = [str(mlm_training_root(version))] if version in MLM_TAGS else []
+    return os.pathsep.join([python_path(version), *extra])
+
+
 def line(version: str) -> tuple[int, int]:
     major, minor = version.split(".")[:2]
     return int(major), int(minor)

@@ -231,6 +231,15 @@ def available() -> list[str]:
 
 
 def main() -> None:
+    """The Core table, then the Megatron-LM argv table (tests/oracle/mlm.py)."""
+    from tests.oracle import mlm
+
+    _core_table()
+    print()
+    mlm.main([])
+
+
+def _core_table() -> None:
     print("| release | configs | Core accepts | Core rejects | disagreements | unrelated rejections | "
           "intentional differences (configs) | Core s | ours s |")
     print("|---|---|---|---|---|---|---|---|---|")

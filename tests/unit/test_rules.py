@@ -121,11 +121,13 @@ CASES: dict[str, tuple[list[str], list[str], dict, str | None]] = {
 RULES = {r.id: r for r in all_rules()}
 
 
-def _validate(overrides, kwargs, core):
+def _validate(overrides, kwargs, core, rule_id=None):
     kw = dict(GOOD_ENV) | {k: v for k, v in kwargs.items() if not k.startswith("_")}
     kw.setdefault("env", {})
+    # Megatron-LM's argument checks are run for Megatron-LM argv only (a Bridge config never meets them).
+    flavour = "megatron-lm" if rule_id and RULES[rule_id].mlm else None
     return validate_config(EXAMPLES / "ep-overlap-minimal.yaml", overrides=[OV, *overrides],
-                           megatron_core_version=core or "0.16.1", detect=False, **kw)
+                           megatron_core_version=core or "0.16.1", detect=False, flavour=flavour, **kw)
 
 
 def test_every_rule_has_cases():
@@ -148,7 +150,7 @@ def test_card_severity_equals_rule_severity():
 @pytest.mark.parametrize("rule_id", sorted(CASES))
 def test_rule_fires_on_violation(rule_id):
     bad, _good, kwargs, core = CASES[rule_id]
-    result = _validate(bad, kwargs, core)
+    result = _validate(bad, kwargs, core, rule_id)
     hits = [f for f in result.findings if f.rule == rule_id]
     assert hits, f"{rule_id} did not fire: {[f.rule for f in result.findings]}"
     assert hits[0].severity == RULES[rule_id].severity
@@ -166,7 +168,7 @@ def test_rule_passes_when_satisfied(rule_id):
         kwargs = {k: v for k, v in kwargs.items() if k not in ("torch_version", "gpu")}
     if rule_id in ("wgrad-grad-accum-fusion-te-2-7",):
         kwargs = {}
-    result = _validate(good, kwargs, core)
+    result = _validate(good, kwargs, core, rule_id)
     assert not [f for f in result.findings if f.rule == rule_id], result.findings
 
 
@@ -245,11 +247,29 @@ def test_default_rule_set_is_stated(monkeypatch):
     from moe_overlap.skill.rules import versions
 
     monkeypatch.setattr(versions, "installed_version", lambda dist: None)
-    result = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", detect=False, torch_version="2.6.0", env={})
-    assert result.rule_set.selected_by == "default" and result.rule_set.name == "megatron-core 0.19"
+    result = validate_config(argv="--overlap-moe-expert-parallel-comm --expert-model-parallel-size 4 --num-experts 8 "
+                             "--moe-token-dispatcher-type alltoall --bf16", detect=False, torch_version="2.6.0", env={})
+    rs = result.rule_set
+    assert rs.selected_by == "default" and rs.name == "megatron-core 0.19" and rs.flavour == "megatron-lm"
+    assert rs.reason == "newest known release used, none given or implied"
     (hit,) = [f for f in result.findings if f.rule == "rule-set:default"]
     assert hit.severity == "info" and "0.19" in hit.message and "not installed" in hit.message
     assert result.valid
+
+
+def test_bridge_config_implies_its_core_release(monkeypatch):
+    """A Bridge 0.6 user runs Core 0.19.x: its rules, whatever megatron-core is installed here, and said so."""
+    from moe_overlap.skill.rules import versions
+
+    monkeypatch.setattr(versions, "installed_version", lambda dist: "0.16.1")
+    rs = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", detect=False, torch_version="2.6.0", env={}).rule_set
+    assert rs.selected_by == "implied" and rs.name == "megatron-core 0.19" and rs.flavour == "megatron-bridge"
+    assert "Bridge 0.6.2 runs on megatron-core 0.19.x" in rs.reason and "core_v0.19.0" in rs.reason
+    argv = validate_config(argv="--bf16", detect=False, env={}).rule_set  # Megatron-LM runs on what is installed
+    assert argv.selected_by == "installed" and argv.name == "megatron-core 0.16" and "0.16.1 is installed" in argv.reason
+    given = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", detect=False, env={},
+                            megatron_core_version="0.17.1").rule_set
+    assert given.selected_by == "given" and given.name == "megatron-core 0.17" and "0.17.1" in given.reason
 
 
 @pytest.mark.parametrize("name", ["ep-overlap-alltoall.yaml", "ep-overlap-minimal.yaml", "ep-overlap-flex-deepep.yaml"])

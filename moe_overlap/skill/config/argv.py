@@ -1,7 +1,8 @@
 """Megatron-LM command-line flags (``pretrain_gpt.py --overlap-moe-expert-parallel-comm ...``) -> config sections.
 
-Only the flags the EP-overlap rules read are mapped; any other flag is kept and reported (info), with a
-did-you-mean when it is close to a known one. Flag names follow Megatron-LM's ``arguments.py``.
+Only the flags the EP-overlap rules read are mapped; the others are summarised in one info line (with a
+did-you-mean where one is close to a known flag). Flag names follow Megatron-LM's ``arguments.py``; its defaults
+and derivations (VPP from the layer flags, the fusion default, the layer splits) are applied by megatron_lm.py.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from moe_overlap.skill.config import megatron_lm
 from moe_overlap.skill.config.load import ConfigError
 from moe_overlap.skill.config.names import near_miss
+
+EXTRA = "megatron_lm"  # flags only the Megatron-LM derivations read; never a config section
+MAX_LISTED = 12  # unknown flags named in the summary line
 
 # flag -> (section, field, kind). kind: "true"/"false" (store_true / store_false), "int", "str", "list".
 FLAGS: dict[str, tuple[str, str, str]] = {
@@ -29,7 +34,17 @@ FLAGS: dict[str, tuple[str, str, str]] = {
     "--pipeline-model-parallel-size": ("model", "pipeline_model_parallel_size", "int"),
     "--virtual-pipeline-model-parallel-size": ("model", "virtual_pipeline_model_parallel_size", "int"),
     "--num-layers-per-virtual-pipeline-stage": ("model", "num_layers_per_virtual_pipeline_stage", "int"),
+    "--num-virtual-stages-per-pipeline-rank": ("model", "num_virtual_stages_per_pipeline_rank", "int"),
     "--pipeline-model-parallel-layout": ("model", "pipeline_model_parallel_layout", "str"),
+    "--num-layers": ("model", "num_layers", "int"),
+    "--decoder-first-pipeline-num-layers": (EXTRA, "decoder_first_pipeline_num_layers", "int"),
+    "--decoder-last-pipeline-num-layers": (EXTRA, "decoder_last_pipeline_num_layers", "int"),
+    "--account-for-embedding-in-pipeline-split": (EXTRA, "account_for_embedding_in_pipeline_split", "true"),
+    "--account-for-loss-in-pipeline-split": (EXTRA, "account_for_loss_in_pipeline_split", "true"),
+    "--no-overlap-p2p-communication": (EXTRA, "no_overlap_p2p_communication", "true"),
+    "--recompute-activations": (EXTRA, "recompute_activations", "true"),
+    "--enable-cuda-graph": (EXTRA, "enable_cuda_graph", "true"),
+    "--external-cuda-graph": (EXTRA, "external_cuda_graph", "true"),
     "--context-parallel-size": ("model", "context_parallel_size", "int"),
     "--recompute-granularity": ("model", "recompute_granularity", "str"),
     "--recompute-method": ("model", "recompute_method", "str"),
@@ -69,8 +84,31 @@ def _int(flag: str, value: str) -> int:
         raise ConfigError(f"{flag} expects an integer, got {value!r}", field=flag) from None
 
 
-def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
-    """Megatron-LM flags -> ({section: {field: value}}, [(flag, note)] for flags we do not read)."""
+def _summary(unknown: list[tuple[str, str]]) -> list[megatron_lm.Note]:
+    """One info line for every flag no rule reads (a launch script has dozens: data paths, optimiser, logging)."""
+    if not unknown:
+        return []
+    named = ", ".join(flag + hint for flag, hint in unknown[:MAX_LISTED])
+    more = f" and {len(unknown) - MAX_LISTED} more" if len(unknown) > MAX_LISTED else ""
+    return [("unknown-key", "argv", f"{len(unknown)} Megatron-LM flag(s) that no EP-overlap rule reads, kept and "
+             f"not checked: {named}{more}")]
+
+
+# Mapped flags that not every release's parser has (first, last release line; None = open): Megatron-LM stops
+# with "unrecognized arguments" on a flag its release lacks. From each release's parser (tests/oracle/mlm_driver.py
+# --list-flags; tests/unit/test_oracle_megatron_lm.py checks this table against it). --data-parallel-size is the
+# validator's own hint (Megatron-LM derives the DP size from WORLD_SIZE) and is not listed.
+FLAG_RELEASES: dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None]] = {
+    "--virtual-pipeline-model-parallel-size": ((99, 0), None),  # no release: VPP comes from the three VPP flags
+    "--cuda-graph-modules": ((0, 18), None),
+    "--overlap-dispatch-backward-with-experts-wgrad": ((0, 18), None),
+    "--moe-use-legacy-grouped-gemm": (None, (0, 16)),
+}
+
+
+def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], list[megatron_lm.Note], list[str]]:
+    """Megatron-LM flags -> ({section: {field: value}} as Megatron-LM's validate_args leaves them, notes, the
+    mapped flags given)."""
     try:
         tokens = shlex.split(argv) if isinstance(argv, str) else list(argv)
     except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
@@ -78,6 +116,7 @@ def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], li
                           fix="close the quote or escape it, as a shell would need") from None
     sections: dict[str, dict[str, Any]] = {}
     unknown: list[tuple[str, str]] = []
+    given: list[str] = []
     i = 0
     while i < len(tokens):
         tok = tokens[i]
@@ -97,10 +136,10 @@ def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], li
                               fix=f"spell it {near}")
         if spec is None:
             close = difflib.get_close_matches(flag, FLAGS, n=1, cutoff=0.8) if len(flag) < 100 else []
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            unknown.append((flag, f"Megatron-LM flag {flag} is not read by the validator{hint}"))
+            unknown.append((flag[:80], f" (did you mean {close[0]}?)" if close else ""))
             continue
         section, field, kind = spec
+        given.append(flag)
         if kind in ("true", "false"):
             if values:
                 raise ConfigError(f"{flag} is a switch and takes no value, got {' '.join(values)!r}", field=flag)
@@ -112,4 +151,17 @@ def parse_argv(argv: str | Sequence[str]) -> tuple[dict[str, dict[str, Any]], li
                 raise ConfigError(f"{flag} expects one value, got {len(values)}", field=flag)
             value = _int(flag, values[0]) if kind == "int" else values[0]
         sections.setdefault(section, {})[field] = value
-    return sections, unknown
+    extra = sections.pop(EXTRA, {})
+    model = sections.setdefault("model", {})
+    notes: list[megatron_lm.Note] = []
+    if extra.get("recompute_activations"):  # validate_args: --recompute-activations means selective recompute
+        model["recompute_granularity"] = "selective"
+        notes.append(("derived-value", "model.recompute_granularity",
+                      "--recompute-activations read as --recompute-granularity selective (as Megatron-LM does)"))
+    for flag, impl in (("enable_cuda_graph", "local"), ("external_cuda_graph", "transformer_engine")):
+        if extra.get(flag) and "cuda_graph_impl" not in model:  # the deprecated switches of --cuda-graph-impl
+            model["cuda_graph_impl"] = impl
+            notes.append(("derived-value", "model.cuda_graph_impl", f"--{flag.replace('_', '-')} read as "
+                          f"--cuda-graph-impl {impl} (its deprecated spelling)"))
+    notes += megatron_lm.apply(sections, extra)
+    return sections, notes + _summary(unknown), given

@@ -51,6 +51,9 @@ class ModelSection(_Section):
     pipeline_model_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL)
     virtual_pipeline_model_parallel_size: int | None = Field(None, ge=1, le=MAX_LAYERS)
     num_layers_per_virtual_pipeline_stage: int | None = Field(None, ge=1, le=MAX_LAYERS)
+    num_virtual_stages_per_pipeline_rank: int | None = Field(None, ge=1, le=MAX_LAYERS)
+    pipeline_model_parallel_layout: str | None = Field(None, max_length=4096, description="e.g. 'Ettt|(tt|)*3,L'")
+    num_layers: int | None = Field(None, ge=1, le=MAX_LAYERS)
     context_parallel_size: int = Field(1, ge=1, le=MAX_PARALLEL)
     recompute_granularity: Literal["full", "selective"] | None = None
     recompute_method: Literal["uniform", "block"] | None = None
@@ -115,7 +118,8 @@ class TrainSection(_Section):
 class ConfigNote(BaseModel):
     """Something the parser did or noticed (unknown key, renamed field, derived value): reported as info."""
 
-    kind: Literal["unknown-key", "renamed-field", "derived-value", "wrong-section"]
+    kind: Literal["unknown-key", "renamed-field", "derived-value", "wrong-section", "layer-split"] = Field(
+        description="layer-split: a pipeline split Megatron-LM's argument checks refuse (an error)")
     path: str
     message: str
 
@@ -133,6 +137,8 @@ class OverlapConfig(BaseModel):
         None, description='Bridge mixed-precision recipe, e.g. "bf16_mixed" (sets model.bf16)')
 
     _notes: list[ConfigNote] = PrivateAttr(default_factory=list)
+    _argv_flags: list[str] = PrivateAttr(default_factory=list)  # the mapped Megatron-LM flags given
+    _argv_only: bool = PrivateAttr(default=False)  # Megatron-LM flags alone: Megatron-LM reads it
 
     @property
     def notes(self) -> list[ConfigNote]:
@@ -307,15 +313,16 @@ def parse_config(source: Any = None, overrides: Sequence[str] = (), *,
     if isinstance(source, OverlapConfig) and not overrides and not argv:
         return source
     notes: list[ConfigNote] = []
+    argv_flags: list[str] = []
     data: dict[str, Any] = _load(source) if source is not None else {}
     if argv:
-        sections, unknown = parse_argv(argv)
+        sections, argv_notes, argv_flags = parse_argv(argv)
         for section, fields in sections.items():
             target = data.setdefault(section, {})
             if not isinstance(target, dict):
                 raise ConfigError(f"{section}: must be a mapping of fields", field=section)
             target.update(fields)
-        notes.extend(ConfigNote(kind="unknown-key", path=flag, message=msg) for flag, msg in unknown)
+        notes.extend(ConfigNote(kind=kind, path=path, message=msg) for kind, path, msg in argv_notes)
     for item in overrides:
         _apply_override(data, item)
     normalised = _normalise(check_values(data) if overrides or argv else data, notes)
@@ -325,6 +332,8 @@ def parse_config(source: Any = None, overrides: Sequence[str] = (), *,
         raise _validation_error(exc) from None
     cfg._notes = notes + [ConfigNote(kind="wrong-section", path=path, message=message)
                           for path, message in flags_turned_off(cfg)]
+    cfg._argv_flags = argv_flags if argv else []
+    cfg._argv_only = bool(argv) and source is None
     return cfg
 
 

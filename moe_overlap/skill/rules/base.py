@@ -18,6 +18,8 @@ from moe_overlap.skill.rules.environment import Environment
 from moe_overlap.skill.rules.versions import KNOWN_CORE_RELEASES, at_least
 
 Severity = Literal["error", "warning", "info"]
+# Who reads the config: Megatron-Bridge (a ConfigContainer: YAML, JSON, dict) or Megatron-LM (pretrain_gpt.py argv).
+FLAVOURS = ("megatron-bridge", "megatron-lm")
 Release = tuple[int, int]
 
 ALL: tuple[Release, Release] = ((0, 0), (99, 99))
@@ -38,6 +40,7 @@ class Ctx:
     paths: Mapping[str, str]
     env: Environment
     core: Release
+    flavour: str = "megatron-bridge"  # or "megatron-lm": which tool reads the config (FLAVOURS)
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -60,7 +63,8 @@ class Rule:
     `core` the range in which Core's own TransformerConfig enforces it (None: never);
     `runtime` the range in which Megatron-Core or Megatron-LM enforce it outside TransformerConfig (at model
     build, at the first step, or in Megatron-LM's argument checks); `bridge` whether Megatron-Bridge enforces
-    it (it runs before Core, so it may be stricter). A rule none of them enforce is advice (a warning)."""
+    it (it runs before Core, so it may be stricter); `mlm` that it is a check of Megatron-LM's arguments.py only
+    (never run for a Bridge config). A rule none of them enforce is advice (a warning)."""
 
     id: str
     severity: Severity
@@ -73,6 +77,7 @@ class Rule:
     core: tuple[Release, Release] | None = None
     bridge: bool = False
     runtime: tuple[Release, Release] | None = None
+    mlm: bool = False
     extra_keys: tuple[str, ...] = field(default=())
 
     def applies_to(self, line: Release) -> bool:
@@ -91,6 +96,13 @@ class Rule:
         if self.runtime_checked(line):
             return "runtime"
         return "bridge" if self.bridge else "advice"
+
+    def for_flavour(self, flavour: str, line: Release) -> bool:
+        """Whether the rule is part of the rule set for configs read by `flavour` in this release: Megatron-LM
+        argv gets no Bridge-only error (Bridge never sees it), a Bridge config no Megatron-LM argument check."""
+        if flavour == "megatron-lm":
+            return not (self.severity == "error" and self.kind(line) == "bridge")
+        return not self.mlm
 
     def releases(self) -> str:
         """The known release lines the rule holds for, e.g. '0.16-0.19' or '0.18-0.19' (the card's `releases`)."""

@@ -155,7 +155,10 @@ RULES: tuple[Rule, ...] = (
     Rule("pp-requires-vpp", "error", ("virtual_pipeline_model_parallel_size", "pipeline_model_parallel_size", OV),
          _vpp, "with pipeline_model_parallel_size={pipeline_model_parallel_size} > 1, EP overlap needs the "
          "interleaved schedule, but virtual_pipeline_model_parallel_size is not set",
-         "set model.virtual_pipeline_model_parallel_size (>= 2 and dividing the layers per stage)",
+         "set model.virtual_pipeline_model_parallel_size (>= 2 and dividing the layers per stage); in Megatron-LM "
+         "flags a VPP of 1 is none: --num-virtual-stages-per-pipeline-rank >= 2, "
+         "--num-layers-per-virtual-pipeline-stage at most half the layers per rank, or a "
+         "--pipeline-model-parallel-layout of >= 2 x PP stages",
          src.both("vpp", "vpp"), core=ALL, bridge=True),
     Rule("no-full-recompute", "error", ("recompute_granularity", OV), _full_recompute,
          "EP overlap cannot run with full recomputation (recompute_granularity=full) in any megatron-core "

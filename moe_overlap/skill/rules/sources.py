@@ -80,6 +80,12 @@ CORE: dict[str, tuple[str, str, dict[str, int]]] = {
 }
 
 BRIDGE_VERSION = "0.6.2"
+# The Core release line a Bridge config runs on. The 0.6.2 wheel's METADATA requires megatron-core[dev,mlm] with no
+# version; the pin is the 3rdparty/Megatron-LM submodule of Megatron-Bridge's r0.6.0 release branch, commit
+# cd4afffa648426a959dc7cb1e24b5ce7d0c3ff54, which is in Megatron-LM's core_v0.19.0 tag.
+BRIDGE_CORE = "0.19"
+BRIDGE_CORE_PIN = (f"a Megatron-Bridge config; Bridge {BRIDGE_VERSION} runs on megatron-core {BRIDGE_CORE}.x (its "
+                   "3rdparty/Megatron-LM submodule, commit cd4afff, is in Megatron-LM's core_v0.19.0 tag)")
 BRIDGE_CO = "megatron/bridge/training/comm_overlap.py"
 BRIDGE_FLEX = "megatron/bridge/training/flex_dispatcher_backend.py"
 # check id -> (file in the megatron-bridge 0.6.2 wheel, first line, last line)

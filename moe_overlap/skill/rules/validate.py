@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from moe_overlap.skill.config.model import OverlapConfig, effective_values, parse_config
+from moe_overlap.skill.rules import sources
 from moe_overlap.skill.rules.base import Ctx, Rule, Unchecked
 from moe_overlap.skill.rules.environment import Environment, detect_environment
 from moe_overlap.skill.rules.notes import ResultNote, notes_for
@@ -28,8 +29,14 @@ class Finding(BaseModel):
 
 class RuleSet(BaseModel):
     name: str = Field(description='e.g. "megatron-core 0.16"')
-    megatron_core_version: str | None = Field(None, description="the version asked for or found")
-    selected_by: Literal["given", "installed", "default"]
+    megatron_core_version: str | None = Field(None, description="the version asked for, implied or found")
+    selected_by: Literal["given", "implied", "installed", "default"] = Field(description=(
+        "given: --megatron-core-version; implied: a Megatron-Bridge config runs on its Bridge's Core release; "
+        "installed: the megatron-core installed here; default: the newest known release, none given or implied"))
+    reason: str = Field("", description="why this release's rules were used, in words")
+    flavour: Literal["megatron-bridge", "megatron-lm"] = Field("megatron-bridge", description=(
+        "who reads the config: megatron-lm (argv: Core + Megatron-LM argument checks) or megatron-bridge "
+        "(a ConfigContainer: Core + Bridge checks)"))
     note: str | None = None
     core_rules: list[str] = Field(description="rules Megatron-Core's TransformerConfig checks in this release")
     runtime_rules: list[str] = Field(default_factory=list, description=(
@@ -95,6 +102,25 @@ def _release_field_notes(cfg, line) -> list[Finding]:
     return out
 
 
+def _flag_release_notes(cfg, line) -> list[Finding]:
+    """A Megatron-LM flag the selected release's parser does not have: pretrain_gpt.py would not start."""
+    from moe_overlap.skill.config.argv import FLAG_RELEASES
+
+    out = []
+    for flag in dict.fromkeys(cfg._argv_flags):
+        first, last = FLAG_RELEASES.get(flag, (None, None))
+        if (first and line < first) or (last and line > last):
+            span = ("in no release" if first and first[0] >= 99 else
+                    f"from megatron-core {first[0]}.{first[1]}" if first else f"up to {last[0]}.{last[1]}")
+            out.append(Finding(rule="config:flag-not-in-release", severity="error", path=flag, message=(
+                f"Megatron-LM {line[0]}.{line[1]}'s parser has no {flag} (it exists {span}): pretrain_gpt.py stops "
+                "with 'unrecognized arguments'"), fix=(
+                "set VPP with --num-virtual-stages-per-pipeline-rank or --num-layers-per-virtual-pipeline-stage"
+                if flag == "--virtual-pipeline-model-parallel-size" else
+                f"drop {flag}, or validate with the release you run (--megatron-core-version)")))
+    return out
+
+
 def _rule_set_finding(selection) -> list[Finding]:
     if selection.note is None:
         return []
@@ -122,43 +148,52 @@ def _field_name_notes(cfg, line) -> list[Finding]:
 def validate_config(source: Any = None, *, overrides: Sequence[str] = (), argv: str | Sequence[str] | None = None,
                     torch_version: str | None = None, te_version: str | None = None, gpu: str | None = None,
                     megatron_core_version: str | None = None,
-                    env: Mapping[str, str] | Environment | None = None, detect: bool = True) -> ValidationResult:
+                    env: Mapping[str, str] | Environment | None = None, detect: bool = True,
+                    flavour: Literal["megatron-bridge", "megatron-lm"] | None = None) -> ValidationResult:
     """Validate a config (dict, path, YAML text; plus Megatron-LM `argv` and dotted `overrides`): parse it, then
     validate_parsed.
 
     `env`: environment variables to read (default os.environ), or a ready Environment (then nothing is detected).
+    `flavour`: who reads the config; default megatron-lm for `argv` alone, else megatron-bridge.
     Raises ConfigError on unreadable input.
     """
     return validate_parsed(parse_config(source, overrides, argv=argv), torch_version=torch_version,
                            te_version=te_version, gpu=gpu, megatron_core_version=megatron_core_version, env=env,
-                           detect=detect)
+                           detect=detect, flavour=flavour)
 
 
 def validate_parsed(cfg: OverlapConfig, *, torch_version: str | None = None, te_version: str | None = None,
                     gpu: str | None = None, megatron_core_version: str | None = None,
-                    env: Mapping[str, str] | Environment | None = None, detect: bool = True) -> ValidationResult:
+                    env: Mapping[str, str] | Environment | None = None, detect: bool = True,
+                    flavour: Literal["megatron-bridge", "megatron-lm"] | None = None) -> ValidationResult:
     """Validate a config already parsed into the skill's model: nothing is read or parsed again, so a caller
     that holds the parse (a verification validating each of its modes) validates exactly what it parsed, the
-    parser's notes included. Arguments as validate_config's."""
+    parser's notes included. Arguments as validate_config's; `flavour` defaults to megatron-lm for a config
+    parsed from Megatron-LM argv alone, else megatron-bridge."""
+    flavour = flavour or ("megatron-lm" if cfg._argv_only else "megatron-bridge")
     if isinstance(env, Environment):
         environment = env
     else:
         environment = detect_environment(torch_version=torch_version, te_version=te_version, gpu=gpu,
                                          env=env, detect=detect)
-    selection = select_core(megatron_core_version)
+    implied = (sources.BRIDGE_CORE, sources.BRIDGE_CORE_PIN) if flavour == "megatron-bridge" else None
+    selection = select_core(megatron_core_version, implied=implied)
     values, paths = effective_values(cfg)
-    ctx = Ctx(values=values, paths=paths, env=environment, core=selection.line)
-    rules = rules_for(selection.line)
+    ctx = Ctx(values=values, paths=paths, env=environment, core=selection.line, flavour=flavour)
+    rules = tuple(r for r in rules_for(selection.line) if r.for_flavour(flavour, selection.line))
     findings = [f for rule in rules if (f := _run(rule, ctx)) is not None]
-    findings += [Finding(rule=f"config:{n.kind}", severity="warning" if n.kind == "wrong-section" else "info",
-                         path=n.path, message=n.message) for n in cfg.notes]
+    severity = {"wrong-section": "warning", "layer-split": "error"}
+    findings += [Finding(rule=f"config:{n.kind}", severity=severity.get(n.kind, "info"), path=n.path,
+                         message=n.message) for n in cfg.notes]
     findings += _field_name_notes(cfg, selection.line) + _release_field_notes(cfg, selection.line)
+    if flavour == "megatron-lm":
+        findings += _flag_release_notes(cfg, selection.line)
     findings += _rule_set_finding(selection)
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: order[f.severity])
     rule_set = RuleSet(
         name=selection.name, megatron_core_version=selection.requested, selected_by=selection.source,
-        note=selection.note,
+        reason=selection.reason, flavour=flavour, note=selection.note,
         core_rules=[r.id for r in rules if r.kind(selection.line) == "core"],
         runtime_rules=[r.id for r in rules if r.kind(selection.line) == "runtime"],
         bridge_rules=[r.id for r in rules if r.kind(selection.line) == "bridge"],
@@ -169,10 +204,8 @@ def validate_parsed(cfg: OverlapConfig, *, torch_version: str | None = None, te_
                             notes=notes_for(ctx) if valid and ctx.overlap else [])
 
 
-def _selected(rs: RuleSet) -> str:
-    if rs.selected_by == "default":
-        return "default, megatron-core not installed"
-    return f"{rs.selected_by} {rs.megatron_core_version}"
+_FLAVOUR_TEXT = {"megatron-lm": "Megatron-LM argv: Core + Megatron-LM argument checks",
+                 "megatron-bridge": "Megatron-Bridge config: Core + Bridge checks"}
 
 
 def _wrap(text: str, first: str, rest: str | None = None) -> str:
@@ -187,8 +220,8 @@ def render_text(result: ValidationResult, name: str = "config") -> str:
     verdict = "VALID" if result.valid else "INVALID"
     lines = [f"{name}: {verdict} ({counts['error']} error(s), {counts['warning']} warning(s), "
              f"{counts['info']} note(s))",
-             f"rule set: {result.rule_set.name} (+ Megatron-Bridge and Megatron-LM checks; "
-             f"selected: {_selected(result.rule_set)})",
+             f"rule set: {result.rule_set.name} for a {_FLAVOUR_TEXT[result.rule_set.flavour]} (release "
+             f"{result.rule_set.reason or result.rule_set.selected_by})",
              f"environment: torch {env.torch_version or '?'} ({env.torch_version_source}), "
              f"TE {env.te_version or '?'} ({env.te_version_source}), "
              f"GPU {env.gpu_name or env.compute_capability or '?'} ({env.gpu_source}), "

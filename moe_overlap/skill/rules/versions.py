@@ -61,14 +61,16 @@ def installed_version(dist: str) -> str | None:
 
 @dataclass(frozen=True)
 class CoreSelection:
-    """Which Megatron-Core release line's rules apply, and why. `warning` is set when the rules applied are not
-    the asked release's own (outside the known range): the result must say so, never pass silently."""
+    """Which Megatron-Core release line's rules apply, and why (`reason`, always set: the release is never
+    silent). `note` is set when the result must say more than the reason (the newest known release used for
+    want of any other, or a release outside the known range: then `warning`)."""
 
     line: tuple[int, int]
     requested: str | None
-    source: str  # "given" | "installed" | "default"
+    source: str  # "given" | "implied" | "installed" | "default"
     note: str | None = None
     warning: bool = False
+    reason: str = ""
 
     @property
     def name(self) -> str:
@@ -81,17 +83,25 @@ def _known() -> str:
     return ", ".join(RELEASES)
 
 
-def select_core(requested: str | None = None) -> CoreSelection:
-    """The rule set for `requested` (else the installed megatron-core, else the newest known release)."""
-    source = "given"
-    if requested is None:
+def select_core(requested: str | None = None, implied: tuple[str, str] | None = None) -> CoreSelection:
+    """The rule set for `requested` (--megatron-core-version), else the release `implied` by the config
+    ((version, why): a Megatron-Bridge config runs on its Bridge's Core), else the installed megatron-core, else
+    the newest known release, with a note saying so."""
+    if requested is not None:
+        source, reason = "given", f"given: --megatron-core-version {requested[:40]}"
+    elif implied is not None:
+        requested, why = implied
+        source, reason = "implied", f"implied: {why}"
+    else:
         requested = installed_version("megatron-core")
         source = "installed" if requested else "default"
+        reason = (f"installed: megatron-core {requested} is installed here and no --megatron-core-version was given"
+                  if requested else "newest known release used, none given or implied")
     if requested is None:
         return CoreSelection(NEWEST, None, "default", (
-            f"megatron-core is not installed and no --megatron-core-version was given: the rules of the newest "
-            f"known release line, {NEWEST[0]}.{NEWEST[1]}, were applied (known: {_known()}); give "
-            "--megatron-core-version to check another release"))
+            f"no --megatron-core-version was given, none is implied by the config and megatron-core is not "
+            f"installed: the rules of the newest known release line, {NEWEST[0]}.{NEWEST[1]}, were applied (known: "
+            f"{_known()}); give --megatron-core-version to check another release"), reason=reason)
     parsed = parse_version(requested)
     if parsed is None or (source == "given" and not is_version_number(requested)):
         from moe_overlap.skill.config.load import ConfigError
@@ -105,5 +115,5 @@ def select_core(requested: str | None = None) -> CoreSelection:
         return CoreSelection(nearest, requested, source, (
             f"megatron-core {requested} is {which} release whose checks are known ({_known()}): the rules of "
             f"{nearest[0]}.{nearest[1]}, the nearest known release, were applied and may differ from {requested}'s "
-            "own checks"), warning=True)
-    return CoreSelection(line, requested, source)
+            "own checks"), warning=True, reason=reason)
+    return CoreSelection(line, requested, source, reason=reason)

@@ -55,8 +55,9 @@ def _scope_flags(c: Ctx) -> tuple[bool, bool]:
 
 
 def _graph_te_2_12(c: Ctx):
-    # Bridge looks at the graph modules whatever cuda_graph_impl says, so a leftover scope counts too.
-    if not c.wgrad:
+    # Bridge looks at the graph modules whatever cuda_graph_impl says, so a leftover scope counts too; Megatron-LM
+    # (from 0.17) does the same, but only with overlap_grad_reduce.
+    if not c.wgrad or (c.flavour == "megatron-lm" and not c["overlap_grad_reduce"]):
         return None
     attn, router = _scope_flags(c)
     if not (attn or router):
@@ -124,7 +125,7 @@ RULES: tuple[Rule, ...] = (
          "delayed wgrad with overlap_grad_reduce needs Transformer Engine >= 2.8.0 when training with "
          "Megatron-LM (pretrain_gpt.py's argument checks; Megatron-Bridge asks 2.7.0), found {te_version}",
          "upgrade Transformer Engine to >= 2.8.0, or set ddp.overlap_grad_reduce: false",
-         MLM.format(l16=1214) + src.core("mlm-grad-reduce-te"), runtime=ALL),
+         MLM.format(l16=1214) + src.core("mlm-grad-reduce-te"), runtime=ALL, mlm=True),
     Rule("wgrad-grad-accum-fusion-te-2-7", "error", ("gradient_accumulation_fusion", DW), _accum_fusion_te,
          "delayed wgrad with gradient_accumulation_fusion needs Transformer Engine >= 2.7.0 (Megatron-Bridge), "
          "found {te_version}", "upgrade Transformer Engine to >= 2.7.0",
@@ -133,13 +134,13 @@ RULES: tuple[Rule, ...] = (
          "delayed wgrad with gradient_accumulation_fusion turned off needs Transformer Engine >= 2.7.0 "
          "(Megatron-LM's argument checks), found {te_version}",
          "upgrade Transformer Engine to >= 2.7.0, or turn model.gradient_accumulation_fusion back on",
-         MLM.format(l16=1218) + src.core("mlm-no-fusion-te"), runtime=ALL),
+         MLM.format(l16=1218) + src.core("mlm-no-fusion-te"), runtime=ALL, mlm=True),
     Rule("wgrad-cuda-graph-te-2-12", "error", ("cuda_graph_scope", DW, "cuda_graph_impl"), _graph_te_2_12,
          "the delayed wgrad falls inside a CUDA graph (scope {cuda_graph_scope}): {problems}",
          "use Transformer Engine >= 2.12.0 with gradient_accumulation_fusion: true and no attention bias "
          "(add_bias_linear, add_qkv_bias false), or drop attn / moe_router from the CUDA graph scope",
          f"{src.bridge('wgrad-graph')}; with overlap_grad_reduce also Megatron-LM's {src.core('mlm-graph-te')}",
-         bridge=True),
+         bridge=True, runtime=((0, 17), (99, 99))),
     Rule("wgrad-cuda-graph-te-2-10", "error", ("cuda_graph_impl", DW), _graph_te_2_10,
          "delayed wgrad with cuda_graph_impl=transformer_engine needs Transformer Engine >= 2.10.0, found "
          "{te_version}", "upgrade Transformer Engine to >= 2.10.0, or turn CUDA graphs off",
