@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from moe_overlap.skill.config.argv import parse_argv
 from moe_overlap.skill.config.bridge import flags_turned_off, grad_reduce, overlap_flags
 from moe_overlap.skill.config.load import ConfigError, check_values, parse_text, parse_value, read_file
+from moe_overlap.skill.config.megatron_lm import layout_stages
 from moe_overlap.skill.config.names import did_you_mean, near_miss
 
 __all__ = ["ConfigError", "ConfigNote", "OverlapConfig", "parse_config", "effective_values"]
@@ -370,9 +371,11 @@ def effective_values(cfg: OverlapConfig) -> tuple[dict[str, Any], dict[str, str]
     if values["virtual_pipeline_model_parallel_size"] is None and values["num_layers_per_virtual_pipeline_stage"]:
         values["virtual_pipeline_model_parallel_size"] = "derived"  # Megatron-LM derives VPP from this flag
         paths["virtual_pipeline_model_parallel_size"] = "model.num_layers_per_virtual_pipeline_stage"
-    if values["virtual_pipeline_model_parallel_size"] is None and getattr(cfg.model, "pipeline_model_parallel_layout",
-                                                                          None):
-        values["virtual_pipeline_model_parallel_size"] = "derived"  # stages / PP (Megatron-LM and Core)
+    layout = getattr(cfg.model, "pipeline_model_parallel_layout", None)
+    stages = layout_stages(layout) if values["virtual_pipeline_model_parallel_size"] is None and layout else None
+    if stages and len(stages) // (values["pipeline_model_parallel_size"] or 1) > 1:
+        # stages / PP, as Megatron-LM and Core derive it; one stage per rank is no virtual pipeline (VPP 1 -> None)
+        values["virtual_pipeline_model_parallel_size"] = "derived"
         paths["virtual_pipeline_model_parallel_size"] = "model.pipeline_model_parallel_layout"
     values["global_batch_size"] = cfg.train.global_batch_size
     values["micro_batch_size"] = cfg.train.micro_batch_size
