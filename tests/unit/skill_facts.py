@@ -55,7 +55,10 @@ _CANDIDATES = [f"2.{minor}.0" for minor in range(0, 25)]
 def _fires(rule_id: str, package: str, config: dict, core: str, version: str) -> bool:
     given = {"torch_version": version, "te_version": "2.20.0"} if package == "torch" else \
         {"torch_version": "2.6.0", "te_version": version}
-    result = validate_config(config, megatron_core_version=core, gpu="H100", env={}, detect=False, **given)
+    # A Megatron-LM argument check (rule.mlm) is in the rule set of configs Megatron-LM reads only
+    flavour = "megatron-lm" if {r.id: r for r in all_rules()}[rule_id].mlm else None
+    result = validate_config(config, megatron_core_version=core, gpu="H100", env={}, detect=False, flavour=flavour,
+                             **given)
     return any(f.rule == rule_id and f.severity == "error" for f in result.findings)
 
 

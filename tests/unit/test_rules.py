@@ -265,8 +265,11 @@ def test_bridge_config_implies_its_core_release(monkeypatch):
     rs = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", detect=False, torch_version="2.6.0", env={}).rule_set
     assert rs.selected_by == "implied" and rs.name == "megatron-core 0.19" and rs.flavour == "megatron-bridge"
     assert "Bridge 0.6.2 runs on megatron-core 0.19.x" in rs.reason and "core_v0.19.0" in rs.reason
-    argv = validate_config(argv="--bf16", detect=False, env={}).rule_set  # Megatron-LM runs on what is installed
-    assert argv.selected_by == "installed" and argv.name == "megatron-core 0.16" and "0.16.1 is installed" in argv.reason
+    # Megatron-LM argv implies no release; the megatron-core pip installed beside this package is not taken as the
+    # user's: the newest known release, and the note names what is installed
+    argv = validate_config(argv="--bf16", detect=False, env={}).rule_set
+    assert argv.selected_by == "default" and argv.name == "megatron-core 0.19" and argv.flavour == "megatron-lm"
+    assert "0.16.1 is installed here" in argv.note and "--megatron-core-version 0.16.1" in argv.note
     given = validate_config(EXAMPLES / "ep-overlap-minimal.yaml", detect=False, env={},
                             megatron_core_version="0.17.1").rule_set
     assert given.selected_by == "given" and given.name == "megatron-core 0.17" and "0.17.1" in given.reason

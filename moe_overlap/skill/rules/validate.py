@@ -30,9 +30,9 @@ class Finding(BaseModel):
 class RuleSet(BaseModel):
     name: str = Field(description='e.g. "megatron-core 0.16"')
     megatron_core_version: str | None = Field(None, description="the version asked for, implied or found")
-    selected_by: Literal["given", "implied", "installed", "default"] = Field(description=(
+    selected_by: Literal["given", "implied", "default"] = Field(description=(
         "given: --megatron-core-version; implied: a Megatron-Bridge config runs on its Bridge's Core release; "
-        "installed: the megatron-core installed here; default: the newest known release, none given or implied"))
+        "default: the newest known release, none given or implied (the note names what is installed here)"))
     reason: str = Field("", description="why this release's rules were used, in words")
     flavour: Literal["megatron-bridge", "megatron-lm"] = Field("megatron-bridge", description=(
         "who reads the config: megatron-lm (argv: Core + Megatron-LM argument checks) or megatron-bridge "

@@ -67,7 +67,7 @@ class CoreSelection:
 
     line: tuple[int, int]
     requested: str | None
-    source: str  # "given" | "implied" | "installed" | "default"
+    source: str  # "given" | "implied" | "default"
     note: str | None = None
     warning: bool = False
     reason: str = ""
@@ -85,23 +85,22 @@ def _known() -> str:
 
 def select_core(requested: str | None = None, implied: tuple[str, str] | None = None) -> CoreSelection:
     """The rule set for `requested` (--megatron-core-version), else the release `implied` by the config
-    ((version, why): a Megatron-Bridge config runs on its Bridge's Core), else the installed megatron-core, else
-    the newest known release, with a note saying so."""
+    ((version, why): a Megatron-Bridge config runs on its Bridge's Core), else the newest known release, with a
+    note saying so. The megatron-core installed beside this package is not taken as the user's: pip picks it for
+    moe-overlap (0.16.1 on Python 3.11, whatever the training cluster runs), so the note only names it."""
     if requested is not None:
         source, reason = "given", f"given: --megatron-core-version {requested[:40]}"
     elif implied is not None:
         requested, why = implied
         source, reason = "implied", f"implied: {why}"
     else:
-        requested = installed_version("megatron-core")
-        source = "installed" if requested else "default"
-        reason = (f"installed: megatron-core {requested} is installed here and no --megatron-core-version was given"
-                  if requested else "newest known release used, none given or implied")
-    if requested is None:
+        installed = installed_version("megatron-core")
+        here = (f"megatron-core {installed} is installed here, which need not be the release you train with: "
+                f"give --megatron-core-version {installed} if it is" if installed else "megatron-core is not installed")
         return CoreSelection(NEWEST, None, "default", (
-            f"no --megatron-core-version was given, none is implied by the config and megatron-core is not "
-            f"installed: the rules of the newest known release line, {NEWEST[0]}.{NEWEST[1]}, were applied (known: "
-            f"{_known()}); give --megatron-core-version to check another release"), reason=reason)
+            f"no --megatron-core-version was given and none is implied by the config: the rules of the newest known "
+            f"release line, {NEWEST[0]}.{NEWEST[1]}, were applied (known: {_known()}); {here}"),
+            reason="newest known release used, none given or implied")
     parsed = parse_version(requested)
     if parsed is None or (source == "given" and not is_version_number(requested)):
         from moe_overlap.skill.config.load import ConfigError
