@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The estimator's accuracy table: every public anchor of the card and every committed EP-2 run of ours.
 
-    python benchmarks/estimate_accuracy.py          # the markdown table docs/estimate.md holds
+    python benchmarks/estimator/estimate_accuracy.py          # the markdown table docs/estimate.md holds
 
 Torch-free. One model, the same shared parameters for every row (moe_overlap/skill/estimate/costs.py); the
 inputs of each row are what its source states (and, where stated, the measured no-overlap step). Ours: each
@@ -20,8 +20,8 @@ import re
 import sys
 from pathlib import Path
 
-# the repository root wherever benchmarks/ puts this file (it may move into a subfolder)
-ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
+# the repository root: benchmarks/estimator/ is two levels down
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from moe_overlap.skill.estimate.api import estimate_overlap_benefit, parse_request  # noqa: E402
