@@ -112,7 +112,7 @@ class EstimateRequest(BaseModel):
         "HybridEP backend (their published bandwidths, skill/estimate/costs.py)")
     cuda_device_max_connections: int | None = Field(None, ge=1, le=32, description="CUDA_DEVICE_MAX_CONNECTIONS "
                                                     "of the job (1 puts every stream on one hardware queue)")
-    cuda_graph_scope: list[GraphScope] | None = Field(None, max_length=7, description="Megatron-Core's "
+    cuda_graph_scope: list[GraphScope] | None = Field(None, description="Megatron-Core's "
                                                       "cuda_graph_scope: graphed parts issue a fraction of their "
                                                       "host ops (skill/estimate/costs.py)")
     a2a_engine: Literal["sm", "copy-engine"] = Field("sm", description="what moves the all-to-all bytes: SM "
