@@ -18,7 +18,7 @@ _FIELDS = {
     "micro_batch_size": "micro_batch_size", "dp": "dp", "dispatcher": "dispatcher",
     "cuda_device_max_connections": "cuda_device_max_connections", "a2a_engine": "a2a_engine",
     "recompute": "recompute", "pp": "pp", "vpp": "vpp",
-    "baseline_step_ms": "baseline_step_ms", "ep_stride": "ep_stride",
+    "baseline_step_ms": "baseline_step_ms", "ep_stride": "ep_stride", "cuda_graph_scope": "cuda_graph_scope",
 }
 
 
@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "or flex with DeepEP / HybridEP (their published bandwidths)")
     h.add_argument("--cuda-device-max-connections", type=int, help="CUDA_DEVICE_MAX_CONNECTIONS of the job "
                    "(1 serialises the streams: the overlap hides about half as much)")
+    h.add_argument("--cuda-graph-scope", nargs="+", choices=["full_iteration", "attn", "mlp", "moe", "moe_router",
+                   "moe_preprocess", "mamba"], help="Megatron-Core's --cuda-graph-scope: graphed parts issue a "
+                   "fraction of their host ops")
     h.add_argument("--a2a-engine", choices=["sm", "copy-engine"], help="what moves the all-to-all bytes "
                    "(default sm: NCCL, DeepEP, HybridEP kernels)")
     h.add_argument("--intra-gbps", type=float, help="intra-node GB/s per GPU per direction")

@@ -207,26 +207,28 @@ class EstimateInput(EstimateRequest):
     # The request model's validator turns a number or an object into the shares; the published schema stays short.
     hbm_efficiency: Annotated[Any, WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "object"}]})] = None
     # Accepted, not published: the chunked schedule is no longer predicted (its timeline serves the CPU benchmark),
-    # and the op-count host estimate is on unless a benchmark of our own layer turns it off.
+    # the op-count host estimate is on unless a benchmark of our own layer turns it off, and overhead_ms is its
+    # fixed-cost residual.
     chunks: SkipJsonSchema[int] = 4
     chunk_backward: SkipJsonSchema[bool] = True
     megatron_host: SkipJsonSchema[bool] = True
+    overhead_ms: SkipJsonSchema[float | None] = None  # a calibration residual of our own benchmarks
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_schema_text({
         "model": "preset", "hidden": "D (or model)", "moe_ffn": "F (or model)",
-        "experts": "E (or model)", "topk": "K (or model)", "tokens": "per micro-batch", "seq_length": "attention sequence",
+        "experts": "E (or model)", "topk": "K (or model)", "tokens": "per micro-batch", "seq_length": "attn seq",
         "micro_batches": "per DP rank",
         "gpus_per_node": "NVLink domain",
         "fabric": "intra[+inter]",
         "intra_gbps": "intra-node GB/s", "inter_gbps": "inter-node GB/s", "a2a_efficiency": "of link GB/s",
-        "gpu_preset": "GPU (else tflops)", "mem_gbps": "memory-bound GB/s",
+        "gpu_preset": "GPU", "mem_gbps": "memory-bound GB/s",
         "hbm_efficiency": "HBM share(s)",
         "hbm_gbps": "HBM peak GB/s", "attn_ms": "attention fwd ms",
-        "overhead_ms": "fixed ms per layer", "host_ms": "host ms per layer (floor)",
+        "host_ms": "host ms per layer",
         "other_ms": "ms outside layers", "overlap_efficiency": "0..1", "calibration": "measured",
         "global_batch": "GBS", "micro_batch_size": "MBS", "dp": "DP", "dispatcher": "backend",
-        "cuda_device_max_connections": "1: serial", "a2a_engine": "byte mover", "recompute": "full: exposed",
-        "pp": "PP", "vpp": "VPP", "ep_stride": "TP x CP", "baseline_step_ms": "measured, no overlap", "layers": "MoE layers",
-        "precision": "dtype", "tflops": "expert GEMM TFLOP/s", "dense_tflops": "dense TFLOP/s", "ep": "EP",
+        "cuda_device_max_connections": "1: serial", "cuda_graph_scope": "graphed parts", "a2a_engine": "byte mover", "recompute": "full: exposed",
+        "pp": "PP", "vpp": "VPP", "ep_stride": "TP x CP", "baseline_step_ms": "no-overlap step", "layers": "MoE layers",
+        "precision": "dtype", "tflops": "GEMM TFLOP/s", "dense_tflops": "dense TFLOP/s", "ep": "EP",
     }, [{"model": "qwen3-30b-a3b", "ep": 8, "gpu_preset": "h100", "global_batch": 1024, "dp": 16}]))
 
     @field_validator("calibration", mode="after")

@@ -187,7 +187,7 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots) -> list[Tool]:
         ("diagnose_failure", "Diagnose a failure", "Match an error or symptom to known failure modes, ranked, "
          "with how to confirm and the fix.", diagnose_failure, "diagnosis-result"),
         ("estimate_overlap_benefit", "Estimate the overlap gain", "Predict the step-time gain of EP overlap per "
-         "schedule for a MoE shape, EP size and fabric, with its assumptions.", estimate_overlap_benefit,
+         "schedule for a MoE shape, EP size and fabric.", estimate_overlap_benefit,
          "estimate-result"),
     ]
     return [model_tool(guard, name=name, title=title, description=description, handler=handler, hints=READ_ONLY,

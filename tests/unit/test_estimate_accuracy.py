@@ -1,4 +1,4 @@
-"""The estimator's accuracy table (benchmarks/estimate_accuracy.py) and the behaviours issue 29/30 ask for."""
+"""The estimator's accuracy table (benchmarks/estimator/estimate_accuracy.py) and the behaviours issue 29/30 ask for."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def acc():
-    path = next(ROOT.glob("benchmarks/**/estimate_accuracy.py"))
+    path = ROOT / "benchmarks/estimator/estimate_accuracy.py"
     spec = importlib.util.spec_from_file_location("estimate_accuracy", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["estimate_accuracy"] = mod
@@ -26,12 +26,12 @@ def acc():
 
 
 def test_docs_table_is_the_scripts(acc):
-    """docs/estimate.md holds `python benchmarks/estimate_accuracy.py`'s table, regenerated from the files."""
+    """docs/estimate.md holds `python benchmarks/estimator/estimate_accuracy.py`'s table, regenerated from the files."""
     doc = (ROOT / "docs/estimate.md").read_text(encoding="utf-8")
     start, end = "<!-- accuracy-table:start -->\n", "\n<!-- accuracy-table:end -->"
     committed = doc[doc.index(start) + len(start):doc.index(end)]
     assert committed == acc.markdown(acc.public_rows() + acc.our_rows()), (
-        "docs/estimate.md is stale: paste `python benchmarks/estimate_accuracy.py` between the accuracy-table markers")
+        "docs/estimate.md is stale: paste `python benchmarks/estimator/estimate_accuracy.py` between the accuracy-table markers")
 
 
 def test_every_committed_ep2_run_is_a_row(acc):

@@ -153,8 +153,8 @@ def _hardware(req: EstimateRequest, multi_node: bool) -> ResolvedHardware:
     overhead = req.overhead_ms if req.overhead_ms is not None else (cal.overhead_ms if cal else 0.0)
     host_ms = req.host_ms if req.host_ms is not None else (cal.host_ms if cal else None)
     if host_ms is None and cal is None and req.megatron_host:  # Megatron-Core's layer: its host work from its op count
-        host_ms = costs.host_ms_megatron(req.experts, req.ep)
-        sources.append(costs.host_source(req.experts, req.ep))
+        host_ms = costs.host_ms_megatron(req.experts, req.ep, req.cuda_graph_scope)
+        sources.append(costs.host_source(req.experts, req.ep, req.cuda_graph_scope))
     if cal:
         sources.append(f"calibration: {cal.source}")
     return ResolvedHardware(
@@ -328,7 +328,7 @@ def _schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff:
     out = [sched("none", none_tl.serial * m * L, none_tl.busy["compute"] * m * L, none_tl.busy["comm"] * m * L)]
     for name, delay in (("1f1b", False), ("1f1b+wgrad", True)):
         try:
-            tl = one_f_one_b_timeline(nodes, L, m, delay)
+            tl = one_f_one_b_timeline(nodes, L, m, delay, wgrad_delay_cost=costs.DELAYED_WGRAD_COST)
         except TimelineTooLong as exc:
             raise EstimateError("micro_batches", str(exc), "give fewer layers or micro-batches") from None
         note = ("needs >= 2 micro-batches (warning single-micro-batch): same as none" if m < 2 else

@@ -22,6 +22,7 @@ says where it comes from. None is tuned per anchor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 # Our copy-engine all-to-all beside the expert GEMMs on two H200s (`--a2a ce`): 0.31 / 0.96 / 0.89 at the Qwen3 /
 # DeepSeek-V3 / DSv3-proxy shapes, median 0.89 (benchmarks/results/h200x2_2026-11-29/ep_overlap_cuda_r2_ce.json,
@@ -30,6 +31,14 @@ COPY_ENGINE_OVERLAP_EFFICIENCY = 0.89
 COPY_ENGINE_SOURCE = ("copy-engine all-to-all on two H200s, median of three shapes "
                       "(benchmarks/results/h200x2_2026-11-29/ep_overlap_cuda_r2_ce.json)")
 SINGLE_QUEUE_FACTOR = 0.5
+
+# Delayed wgrad's GPU cost: the deferred expert wgrad GEMMs re-read their stored inputs from HBM (no longer in L2)
+# and run beside the backward dispatch (an SM-driven all-to-all takes SMs, a copy-engine one HBM bandwidth), so the
+# delayed pass takes (1 + this) of its time. Fitted once: the value whose predicted 1f1b+wgrad / 1f1b step ratio
+# has the median of the measured ones, over the DeepSeek-V3 and DSv3-proxy rows of the r3-r5 two-H200 layer runs
+# (both transports; DELAYED_WGRAD_FILES); tests/unit/test_estimate_costs.py re-fits it.
+DELAYED_WGRAD_COST = 0.10
+DELAYED_WGRAD_FILES = "benchmarks/results/h200x2_2026-11-29_r[345]/*ep_overlap*.json (deepseek-v3, dsv3-proxy)"
 
 # Host issue cost per op: our EP-2 layer issues about 370 host ops per forward + backward (docs/benchmarks.md,
 # "Where the time goes at EP 2") in a median 6.21 ms (host_ms of the 30 no-overlap rows that record it: the
@@ -66,15 +75,48 @@ BACKENDS = {
 BAND = {"efficiency": (0.5, 1.25), "host_excess": (1.9, 0.45)}
 
 
-def host_ms_megatron(experts: int, ep: int) -> float:
-    """Host issue time of one Megatron-Core MoE layer's forward + backward (ms), from its op count."""
-    return HOST_US_PER_OP * (OPS_PER_LAYER + OPS_PER_LOCAL_EXPERT * (experts // ep)) / 1e3
+GraphScope = Literal["full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"]
+# CUDA graphs (Megatron-Core's cuda_graph_scope, transformer/enums.py CudaGraphScope) replace a captured part's host
+# ops by one replay: our EP 1 layer captured whole issued 55 host ops per forward + backward instead of 328 (Qwen3
+# shape, GRAPH_FILE; docs/benchmarks.md "fifth round"), so a captured part keeps GRAPH_HOST_KEEP of its host work.
+GRAPH_FILE = "benchmarks/results/h200x2_2026-11-29_r5/call4_gpu_layer_graph_1.json"
+GRAPH_HOST_KEEP = 0.168  # 55 / 328; recomputed from GRAPH_FILE by tests/unit/test_estimate_costs.py
+# Which share of the modelled host ops (per layer, per local expert) each scope captures. The router's and the
+# preprocess's shares are their aten ops (SCOPE_OPS) over all aten ops of our EP 1 layer (HOST_OPS_FILE): 18 and 3
+# of 179. attn / mlp / mamba capture no op the MoE layer's count holds (attention's host work is not modelled).
+HOST_OPS_FILE = "benchmarks/results/h200x2_2026-11-29_r5/call1_host_ops_main.json"
+SCOPE_OPS = {"moe_router": ("mm", "softmax", "_softmax", "_softmax_backward_data", "topk", "gather",
+                            "gather_backward", "mean", "div", "sum", "scatter_add_"),
+             "moe_preprocess": ("cumsum", "index_select")}
+GRAPH_SHARES = {"full_iteration": (1.0, 1.0), "moe": (1.0, 1.0), "moe_router": (0.101, 0.0),
+                "moe_preprocess": (0.017, 0.0), "attn": (0.0, 0.0), "mlp": (0.0, 0.0), "mamba": (0.0, 0.0)}
 
 
-def host_source(experts: int, ep: int) -> str:
+def _graphed(scopes: list[str] | None) -> tuple[float, float]:
+    """(per-layer, per-expert) share of the host ops the scopes capture."""
+    per_layer = per_expert = 0.0
+    for name in set(scopes or ()):
+        a, b = GRAPH_SHARES[name]
+        per_layer, per_expert = per_layer + a, per_expert + b
+    return min(1.0, per_layer), min(1.0, per_expert)
+
+
+def host_ms_megatron(experts: int, ep: int, graph_scope: list[str] | None = None) -> float:
+    """Host issue time of one Megatron-Core MoE layer's forward + backward (ms), from its op count; CUDA-graphed
+    parts keep GRAPH_HOST_KEEP of their ops."""
+    a, b = _graphed(graph_scope)
+    cut = 1.0 - GRAPH_HOST_KEEP
+    ops = OPS_PER_LAYER * (1 - a * cut) + OPS_PER_LOCAL_EXPERT * (experts // ep) * (1 - b * cut)
+    return HOST_US_PER_OP * ops / 1e3
+
+
+def host_source(experts: int, ep: int, graph_scope: list[str] | None = None) -> str:
+    graphs = (f"; CUDA graphs on {', '.join(sorted(set(graph_scope)))} keep {GRAPH_HOST_KEEP:g} of the captured "
+              "ops" if graph_scope else "")
     return (f"host issue time estimated from op counts: {HOST_US_PER_OP:g} us x ({OPS_PER_LAYER} + "
-            f"{OPS_PER_LOCAL_EXPERT} x {experts // ep} local experts) = {host_ms_megatron(experts, ep):.2f} ms per "
-            "layer and micro-batch (skill/estimate/costs.py; give host_ms to use a measured one)")
+            f"{OPS_PER_LOCAL_EXPERT} x {experts // ep} local experts){graphs} = "
+            f"{host_ms_megatron(experts, ep, graph_scope):.2f} ms per layer and micro-batch (skill/estimate/costs.py;"
+            " give host_ms to use a measured one)")
 
 
 def overlap_efficiency(base: float, *, multi_node: bool, backend: str, a2a_engine: str,

@@ -7,7 +7,7 @@ recommendation is "measure first" (or "gain likely negligible" for a small predi
 
 from __future__ import annotations
 
-from moe_overlap.skill.estimate.costs import memory_note
+from moe_overlap.skill.estimate.costs import DELAYED_WGRAD_COST, memory_note
 from moe_overlap.skill.estimate.host import HOST_FACTORS
 from moe_overlap.skill.estimate.model import (
     EstimateRequest,
@@ -50,7 +50,8 @@ def _wgrad_reason(req: EstimateRequest, nodes: NodeTimes, plain: ScheduleEstimat
     verb = "saves" if delta > 0 else "costs"
     return (f"delayed wgrad moves the critical path: {moved:.1f} ms of expert wgrad per step run beside the backward "
             f"dispatch; it {verb} {abs(delta):.1f} ms ({wgrad.speedup / plain.speedup - 1:+.1%} against 1f1b), "
-            f"with its {host} counted")
+            f"with its {host} and its GPU cost (the late pass x{1 + DELAYED_WGRAD_COST:g}: it re-reads its stored "
+            "inputs beside the dispatch) counted")
 
 
 def recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer, scheds: list[ScheduleEstimate],

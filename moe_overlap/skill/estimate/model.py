@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from moe_overlap.skill.estimate.costs import GraphScope
 from moe_overlap.skill.estimate.models import MODELS, model_preset
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -111,6 +112,9 @@ class EstimateRequest(BaseModel):
         "HybridEP backend (their published bandwidths, skill/estimate/costs.py)")
     cuda_device_max_connections: int | None = Field(None, ge=1, le=32, description="CUDA_DEVICE_MAX_CONNECTIONS "
                                                     "of the job (1 puts every stream on one hardware queue)")
+    cuda_graph_scope: list[GraphScope] | None = Field(None, description="Megatron-Core's "
+                                                      "cuda_graph_scope: graphed parts issue a fraction of their "
+                                                      "host ops (skill/estimate/costs.py)")
     a2a_engine: Literal["sm", "copy-engine"] = Field("sm", description="what moves the all-to-all bytes: SM "
                                                      "kernels (NCCL, DeepEP, HybridEP) or copy engines")
     pp: int = Field(1, gt=0, le=MAX_LAYERS, description="pipeline-parallel size: its bubble, (pp - 1) / (vpp x "

@@ -114,7 +114,7 @@ def layer_timeline(n: NodeTimes, chunks: int = 1, chunk_backward: bool = True) -
 
 
 def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wgrad: bool, *,
-                         extrapolate: bool = True) -> Timeline:
+                         extrapolate: bool = True, wgrad_delay_cost: float = 0.0) -> Timeline:
     """Megatron-Core's cross-micro-batch overlap (model_chunk_schedule_plan.py) for a stack of identical layers.
 
     Forward of micro-batch k+1 runs with backward of micro-batch k, forward layer i paired with backward
@@ -134,6 +134,9 @@ def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wg
     for _ in range(layers):  # first forward, alone
         t = _forward(tl, n, t, 1)
     f_done, b_grad = t, t
+    # the delayed wgrad pass takes (1 + wgrad_delay_cost) of its time: it re-reads its stored inputs and runs
+    # beside the backward dispatch (skill/estimate/costs.py, DELAYED_WGRAD_COST)
+    late_wgrad = (n.wgrad_b + n.wgrad_fixed) * (1.0 + wgrad_delay_cost)
 
     def pair_loop(f_done: float, b_grad: float) -> tuple[float, float]:
         for _ in range(layers):
@@ -142,7 +145,7 @@ def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wg
             f_pre = tl.add("compute", n.pre_f, f_done)
             if delay_wgrad:
                 b_d = tl.add("compute", n.dgrad_b, b_comb)
-                tl.add("compute", n.wgrad_b + n.wgrad_fixed, b_d)
+                tl.add("compute", late_wgrad, b_d)
             else:
                 b_d = tl.add("compute", n.dgrad_b + n.wgrad_b + n.wgrad_fixed, b_comb)
             f_cnt = tl.add("comm", n.count_exchange, f_pre)

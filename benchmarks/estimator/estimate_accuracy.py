@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The estimator's accuracy table: every public anchor of the card and every committed EP-2 run of ours.
 
-    python benchmarks/estimate_accuracy.py          # the markdown table docs/estimate.md holds
+    python benchmarks/estimator/estimate_accuracy.py          # the markdown table docs/estimate.md holds
 
 Torch-free. One model, the same shared parameters for every row (moe_overlap/skill/estimate/costs.py); the
 inputs of each row are what its source states (and, where stated, the measured no-overlap step). Ours: each
@@ -20,8 +20,8 @@ import re
 import sys
 from pathlib import Path
 
-# the repository root wherever benchmarks/ puts this file (it may move into a subfolder)
-ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
+# the repository root: benchmarks/estimator/ is two levels down
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from moe_overlap.skill.estimate.api import estimate_overlap_benefit, parse_request  # noqa: E402
@@ -51,8 +51,8 @@ PUBLIC = [
      dict(model="qwen3-next-80b-a3b", gpu_preset="h100", ep=8, micro_batches=8), "1f1b+wgrad", "1f1b",
      4686 / 4912, "micro-batches not stated: 8 assumed"),
     ("Qwen3-30B-A3B 16xH100 EP16 HybridEP: overlap", HYB, dict(Q3, ep=16, global_batch=1024, dp=16,
-     dispatcher="hybridep", baseline_step_ms=24713.8), "1f1b", "none", 24.7138 / 20.9920,
-     "GBS 1024, DP 16, MBS 1, seq 4096, forced balance"),
+     dispatcher="hybridep", baseline_step_ms=24713.8, cuda_graph_scope=["attn", "moe_router", "moe_preprocess"]),
+     "1f1b", "none", 24.7138 / 20.9920, "GBS 1024, DP 16, MBS 1, seq 4096, forced balance"),
     ("DeepSeek-V3 (14 layers) 64xH100 EP16 PP4, full recompute: overlap, CUDA_DEVICE_MAX_CONNECTIONS=32", PR6311,
      dict(DSV3_6311, cuda_device_max_connections=32), "1f1b", "none", 198.5 / 184.2,
      "seq 2048, MBS 1, GBS 256: 16 micro-batches, VPP 2, 4 layers per stage"),
@@ -145,6 +145,24 @@ def our_rows() -> list[dict]:
             out.append(_row(what, str(path.relative_to(ROOT)), pred, base / rows[sched]["total_ms"],
                             "the run's pieces and host time"))
     return out
+
+
+def wgrad_pairs(presets=("deepseek-v3", "dsv3-proxy")) -> list[tuple[float, float]]:
+    """(predicted, measured) 1f1b / 1f1b+wgrad step ratio of each run's preset: what DELAYED_WGRAD_COST is fitted
+    on (skill/estimate/costs.py)."""
+    pred: dict[tuple, float] = {}
+    meas: dict[tuple, float] = {}
+    for r in our_rows():
+        preset = r["what"].split(", ")[1]
+        if preset not in presets:
+            continue
+        key = (r["source"], r["what"].rsplit(": ", 1)[0])
+        sched = r["what"].rsplit(": ", 1)[1]
+        # both rows share the baseline: their ratio is 1f1b+wgrad over 1f1b
+        pred[key, sched], meas[key, sched] = r["predicted"], r["measured"]
+    keys = {k for k, _ in pred}
+    return [(pred[k, "1f1b+wgrad"] / pred[k, "1f1b"], meas[k, "1f1b+wgrad"] / meas[k, "1f1b"])
+            for k in sorted(keys) if (k, "1f1b+wgrad") in pred and (k, "1f1b") in pred]
 
 
 def markdown(rows: list[dict]) -> str:
