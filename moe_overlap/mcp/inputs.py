@@ -265,7 +265,7 @@ class RunVerificationInput(_ConfigSource):
     # The nested model validates; the published schema stays one line (tools/list has a character budget).
     slurm: Annotated[SlurmJob | None, WithJsonSchema({
         "type": "object", "description": "{nodes, gpus_per_node, partition, account, time}"})] = None
-    background: bool = Field(False, description="return a job_id at once (then get_verification_status)")
+    background: bool = Field(False, description="return a job_id at once")
 
     @model_validator(mode="after")
     def _at_most_one_source(self) -> RunVerificationInput:

@@ -178,7 +178,7 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots) -> list[Tool]:
         ("get_skill_card", "Read a skill card", "A skill card in pieces: no arguments give its contents (sections, "
          "sizes, entry ids); then one section or one dotted field.", get_skill_card, "card-read"),
         ("validate_config", "Validate a config", "Check a training config and/or Megatron-LM flags against every "
-         "EP-overlap rule: findings with rule id, path, message and fix. Versions not given are detected here.",
+         "EP-overlap rule: findings with rule id, path, message and fix.",
          validate_config, "validation-result"),
         ("generate_config", "Generate a config", "A minimal working EP-overlap config, or the staged rollout "
          "(plan=true), validated.", generate_config, "generate-result"),

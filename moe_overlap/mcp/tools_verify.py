@@ -262,9 +262,8 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir:
     return [
         model_tool(guard, name="run_verification", title="Run a verification", handler=run_verification,
                    result_schema="verification-status",
-                   description="A/B training runs (baseline, overlap, overlap+wgrad) of this package's MoE layer, "
-                               "local or on Slurm: loss, completion, throughput. The report is a "
-                               "resource.",
+                   description="A/B training runs (baseline, overlap, overlap+wgrad) of our MoE layer, local or "
+                               "on Slurm: loss, completion, throughput; report as a resource.",
                    # Writes a new report folder each call (not idempotent), deletes nothing; local ranks or
                    # the Slurm cluster this host already submits to (a closed set, not the open world).
                    hints=annotations(read_only=False, destructive=False, idempotent=False, open_world=False)),

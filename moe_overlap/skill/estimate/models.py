@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from moe_overlap.skill.models.shapes import MODELS as SHAPES
 from moe_overlap.skill.models.shapes import ModelShape
 
+
 @dataclass(frozen=True)
 class ModelPreset:
     name: str
