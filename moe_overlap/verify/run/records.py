@@ -14,6 +14,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RankRecord(BaseModel):
+    """One record as the judge reads it back (verify.rundir.read.read_records): the fields it uses, typed.
+
+    A record of another shape (a damaged or hand-edited file) is skipped like a torn line; the step and pieces
+    records are validated into StepRecord / StepPieces where they are used."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    kind: str = Field(max_length=64)
+    t: float = Field(ge=0, le=1e11)
+    pid: int | None = Field(None, ge=0, le=1 << 31)
+    mode: str | None = Field(None, max_length=64)
+    traceback: str | None = Field(None, max_length=1 << 20)
+    transport: str | None = Field(None, max_length=2000)
+    sm_margin: str | None = Field(None, max_length=2000)
+    torch: str | None = Field(None, max_length=200)
+    notes: list[str] | None = Field(None, max_length=1000)
+    planned: int | None = Field(None, ge=0, le=10_000_000)
+    ran: int | None = Field(None, ge=0, le=10_000_000)
+    max_steps: int | None = Field(None, ge=0, le=10_000_000)
+    settled: bool | None = None
+    stopped_by: str | None = Field(None, max_length=200)
+
 
 def rank_dir(out: Path) -> Path:
     return Path(out) / "ranks"

@@ -120,6 +120,8 @@ def _transport_setup(cfg, args, group, device, world: int):
 
     counts_group = dist.new_group(backend="gloo") if world > 1 else None
     kind = args.a2a
+    if device.type != "cuda":  # what ran is recorded, whatever was asked: gloo's own all-to-all on CPU
+        return counts_group, None, "gloo (the process group's own" + (f"; --a2a {kind} is for cuda)" if kind else ")")
     if kind is None:
         # Default on CUDA: copy engines when every rank is on this host with peer access (on NVLink an
         # SM-driven NCCL all-to-all hides almost nothing behind the GEMMs; docs/benchmarks.md), NCCL

@@ -138,12 +138,15 @@ def parse_json(data: bytes, *, name: str, allow_nan: bool = False) -> Any:
 
 
 def read_json(folder: str | os.PathLike[str], rel: str, *, max_bytes: int = MAX_JSON_BYTES,
-              what: str = "file") -> Any:
-    """Strict JSON of the file `rel`; RunFolderError when it is missing, not a plain file or not strict JSON."""
+              what: str = "file", allow_nan: bool = False) -> Any:
+    """Strict JSON of the file `rel`; RunFolderError when it is missing, not a plain file or not strict JSON.
+
+    `allow_nan`: NaN / Infinity constants pass (report.json: a diverged run's loss is written as NaN); the
+    model that validates the data then decides where they may stand."""
     data = read_bytes(folder, rel, max_bytes, what=what)
     if data is None:
         raise RunFolderError(f"{Path(folder) / rel}: no such {what}", file=rel)
-    return parse_json(data, name=str(Path(folder) / rel))
+    return parse_json(data, name=str(Path(folder) / rel), allow_nan=allow_nan)
 
 
 def validate(model: type[M], data: Any, *, name: str) -> M:
