@@ -4,13 +4,15 @@ Each sub-command lives in ``moe_overlap/commands/<name>.py`` with two functions:
 ``add_arguments(parser)`` and ``run(args) -> int``. Logic stays in ``skill/``, ``verify/`` and ``ep/``.
 
 Exit codes (a contract scripts rely on): 0 ok / valid, 1 invalid or verification failed,
-2 usage or input error. ``--format json`` prints exactly one JSON document on stdout.
+2 usage or input error. ``--format json`` prints exactly one JSON document on stdout. A stdout closed by the
+reader (``moe-overlap card | head -0``) ends quietly with 141, the status of a process ended by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from moe_overlap import __version__
@@ -63,7 +65,27 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell shows for a writer whose reader went away
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at interpreter exit: a closed pipe is then caught below
+        return code
+    except BrokenPipeError:
+        # The reader is gone: nothing more can be said to it. Point stdout at /dev/null so the interpreter's
+        # own flush at exit does not print an "Exception ignored" message either.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Only the chosen command's module is imported (keeps start-up fast and torch-free).
     chosen = next((a for a in argv if not a.startswith("-")), None)

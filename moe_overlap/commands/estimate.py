@@ -79,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
     if args.link_gbps is not None:
         data.setdefault("intra_gbps", args.link_gbps)
         data.setdefault("inter_gbps", args.link_gbps)
-    if args.calibrate and args.from_run:
+    if args.calibrate and args.from_run is not None:
         raise CommandError("--calibrate and --from-run both give the machine's rates", field="from_run",
                            fix="keep one of them")
-    if args.from_run:
+    if args.from_run is not None:
         from moe_overlap.verify.calibrate.run_calibration import RunCalibrationError, calibration_from_run
 
         try:

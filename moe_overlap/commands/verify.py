@@ -112,6 +112,11 @@ def run(args) -> int:
     from moe_overlap.verify.api import run_verification
     from moe_overlap.verify.plan.build import VerifyInputError, make_plan
 
+    if args.judge is not None and not args.judge.strip():
+        raise CommandError("--judge '': an empty folder name", field="judge",
+                           fix="give the run folder to judge: --judge DIR (the --out of --print-launch)")
+    if args.out is not None and not args.out.strip():
+        raise CommandError("--out '': an empty folder name", field="out", fix="give a folder: --out DIR")
     options = _options(args)
     try:
         if args.print_launch:
@@ -120,9 +125,15 @@ def run(args) -> int:
 
             plan = make_plan(options, local=False)
             write_plan(plan)
-            print(torchrun_command(plan) if args.print_launch == "torchrun" else slurm_script(plan))
+            text = torchrun_command(plan) if args.print_launch == "torchrun" else slurm_script(plan)
+            if args.format == "json":  # one JSON document, like every other --format json
+                emit({"launch": args.print_launch, "out": str(plan.out),
+                      "command" if args.print_launch == "torchrun" else "script": text,
+                      "judge": f"moe-overlap verify --judge {plan.out}"}, "json")
+            else:
+                print(text)
             return EXIT_OK
-        if args.judge:
+        if args.judge is not None:
             from moe_overlap.verify.judge.offline import judge_run_dir
 
             report = judge_run_dir(args.judge)
