@@ -136,6 +136,9 @@ def _stop_on_signals(jobs: JobManager) -> None:
     Over HTTP, uvicorn's own handlers (a graceful shutdown that waits for open streams) are not installed.
     """
     def handler(signum, frame):
+        from moe_overlap.mcp import isolated
+
+        isolated.shutdown()  # the worker processes of diagnose / check_training_log
         jobs.shutdown(wait_s=SHUTDOWN_WAIT_S)
         _exit_now(128 + signum)
 
@@ -201,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(__name__).exception("the server stopped on an error")
         code = 1
     finally:
+        from moe_overlap.mcp import isolated
+
+        isolated.shutdown()
         jobs.shutdown(wait_s=SHUTDOWN_WAIT_S)
     _exit_now(code)
     return code  # not reached

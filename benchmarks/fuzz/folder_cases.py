@@ -82,12 +82,13 @@ def _victim(outside: Path, rng: random.Random) -> Path:
 
 
 def replace_file(rng: random.Random, path: Path, outside: Path, kind: str) -> None:
+    if path.parent.is_symlink() or not path.parent.is_dir():
+        return  # an earlier change of this case put something else where the file's folder was
     content = path.read_bytes() if path.is_file() and not path.is_symlink() else b"{}"
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.is_dir():
         shutil.rmtree(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if kind == "link_out":
         path.symlink_to(_victim(outside, rng))
     elif kind == "dangling_out":
@@ -117,6 +118,8 @@ def replace_file(rng: random.Random, path: Path, outside: Path, kind: str) -> No
 
 
 def replace_dir(rng: random.Random, path: Path, outside: Path, kind: str) -> None:
+    if path.parent.is_symlink() or not path.parent.is_dir():
+        return
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.is_dir():

@@ -127,7 +127,11 @@ def fuzz_surface(surface: str, count: int, seed_value: int, subprocess_sample: i
                 text = fc.diagnose_text(rng)
                 argv, what = ["diagnose", text, "--format", "json"], f"diagnose text of {len(text)} chars"
             else:
-                argv, what = (fc.judge_case if surface == "judge" else fc.from_run_case)(rng, base)
+                try:
+                    argv, what = (fc.judge_case if surface == "judge" else fc.from_run_case)(rng, base)
+                except OSError as exc:  # the case's own changes collided (a folder already replaced): none made
+                    print(f"{surface} #{i}: case not made ({exc})", file=sys.stderr)
+                    continue
             before = snapshot(base)
             real = bool(every) and i % every == 0 and "fifo" not in what
             out = _process(argv, cwd) if real else handler.run(argv, b"")
