@@ -165,7 +165,9 @@ def _serve_http(server: MCPServer, host: str, port: int, security: TransportSecu
         def capture_signals(self):  # keep the server's own handlers (_stop_on_signals)
             yield
 
-    app = server.streamable_http_app(transport_security=security, host=host)
+    from moe_overlap.mcp.http_ints import LongIntGuard
+
+    app = LongIntGuard(server.streamable_http_app(transport_security=security, host=host))
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=1)
     anyio.run(_Server(config).serve)
 
