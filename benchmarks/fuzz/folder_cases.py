@@ -81,14 +81,19 @@ def _victim(outside: Path, rng: random.Random) -> Path:
     return rng.choice(victims)
 
 
+def _remove(path: Path) -> None:
+    """Whatever is at `path` (a FIFO, a link, a file, a folder), never opened or followed."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
 def replace_file(rng: random.Random, path: Path, outside: Path, kind: str) -> None:
     if path.parent.is_symlink() or not path.parent.is_dir():
         return  # an earlier change of this case put something else where the file's folder was
     content = path.read_bytes() if path.is_file() and not path.is_symlink() else b"{}"
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
+    _remove(path)
     if kind == "link_out":
         path.symlink_to(_victim(outside, rng))
     elif kind == "dangling_out":
@@ -120,10 +125,7 @@ def replace_file(rng: random.Random, path: Path, outside: Path, kind: str) -> No
 def replace_dir(rng: random.Random, path: Path, outside: Path, kind: str) -> None:
     if path.parent.is_symlink() or not path.parent.is_dir():
         return
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
+    _remove(path)
     if kind == "link_out_dir":
         path.symlink_to(outside / "tree", target_is_directory=True)
     elif kind == "dangling_out":
