@@ -6,6 +6,6 @@ launch_print.py (the torchrun command and environment a user runs by hand), work
 (the tokens), records.py (per-step records and logs), interrupts.py (Ctrl-C), progress.py (one growing count).
 Torch only inside the ranks.
 
-May import: moe_overlap.ep, moe_overlap.verify.plan, moe_overlap.verify.judge.attribution,
+May import: moe_overlap.skill.files, moe_overlap.ep, moe_overlap.verify.plan, moe_overlap.verify.judge.attribution,
 moe_overlap.verify.judge.throughput, moe_overlap.verify.calibrate.pieces
 """

@@ -16,6 +16,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from moe_overlap.skill.files import FileRefused, open_regular, read_fd
+
+MAX_POLL_BYTES = 64 << 20  # one poll's new records (a rank writes a few KB a step): the rest comes next poll
+
 
 class RankRecord(BaseModel):
     """One record as the judge reads it back (verify.rundir.read.read_records): the fields it uses, typed.
@@ -90,12 +94,15 @@ class RecordTail:
     _partial: bytes = b""
 
     def poll(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
+        try:  # a regular file, not through a link (a FIFO or /dev/zero put there would block or never end)
+            fd = open_regular(self.path, nofollow=True, what="records file")
+        except FileRefused:
             return []
+        try:
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            chunk = read_fd(fd, MAX_POLL_BYTES)
+        finally:
+            os.close(fd)
         if not chunk:
             return []
         self.offset += len(chunk)
@@ -106,7 +113,7 @@ class RecordTail:
         for line in lines:
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # JSONDecodeError, an int over 4300 digits, deep nesting
                 continue  # a torn line can only come from a killed rank; nothing to recover in it
             # Every record RecordWriter writes has these; anything else (a damaged or hand-edited file read
             # by --judge) is skipped like a torn line rather than failing the judge with a KeyError.
