@@ -1,19 +1,18 @@
-"""Streamable HTTP: a request carrying an integer too long for Python's int() still gets an answer to its id.
+"""Streamable HTTP: a request the SDK cannot parse (an integer over 4300 digits, nesting past its depth) still
+gets an answer to its own id.
 
-The SDK parses a POST body with pydantic_core.from_json, which stops at a number over 4300 digits with "number out
-of range": the client gets an HTTP 400 parse error with id null and never an answer to its request. This ASGI
-wrapper looks at a POST body first (one linear scan for a run of more than MAX_INT_DIGITS digits); such a body
-gets the stdio transport's answer (stdio.answer_for: -32602 with the request's own id, nothing for a
-notification) as a JSON response, and every other request goes to the SDK unchanged. Torch-free.
+The SDK parses a POST body with pydantic_core.from_json, which stops at such a body ("number out of range",
+"recursion limit exceeded"): the client gets an HTTP 400 parse error with id null and never an answer to its
+request. This ASGI wrapper parses a POST body first with the same parser; a body it cannot read gets the stdio
+transport's answer (stdio.answer_for: -32602 with the request's own id, nothing for a notification, -32700
+for what is not JSON at all) as a JSON response; every other request goes to the SDK unchanged. Torch-free.
 """
 
 from __future__ import annotations
 
-import re
+import pydantic_core
 
-from moe_overlap.mcp.stdio import MAX_INT_DIGITS, answer_for
-
-_LONG_INT = re.compile(rb"\d{%d}" % (MAX_INT_DIGITS + 1))
+from moe_overlap.mcp.stdio import answer_for
 
 
 class LongIntGuard:
@@ -31,7 +30,7 @@ class LongIntGuard:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         body = b"".join(chunks)
-        if not _LONG_INT.search(body):
+        if _readable(body):
             return await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}],
                                                  receive), send)
         answer = answer_for(body)
@@ -44,6 +43,15 @@ class LongIntGuard:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
+
+
+def _readable(body: bytes) -> bool:
+    """The SDK's own parser reads it (then the SDK answers it as usual)."""
+    try:
+        pydantic_core.from_json(body)
+    except ValueError:
+        return False
+    return True
 
 
 def _replay(messages, receive):

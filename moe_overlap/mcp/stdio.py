@@ -74,11 +74,60 @@ def _has_huge(data) -> bool:
     return False
 
 
+def top_level_id(line: bytes) -> tuple[str | int | None, bool]:
+    """(the "id" of a JSON object's top level, whether it has a "method"), found by one linear scan that skips
+    nested values without parsing them: for a message too deeply nested for the JSON reader."""
+    text = line.decode("utf-8", "replace")
+    depth, i, n, key, expect_key = 0, 0, len(text), None, False
+    found, has_method = None, False
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            token = text[i:j + 1]
+            if depth == 1 and expect_key:
+                key, expect_key = token, False
+            elif depth == 1 and key == '"id"':
+                found = token
+            i = j + 1
+            continue
+        if c in "{[":
+            depth += 1
+            expect_key = depth == 1
+        elif c in "}]":
+            depth -= 1
+        elif c == "," and depth == 1:
+            key, expect_key = None, True
+        elif depth == 1 and key == '"id"' and c not in ": \t\r\n":
+            j = i
+            while j < n and text[j] not in ",} \t\r\n":
+                j += 1
+            found, i = text[i:j], j
+            continue
+        if depth == 1 and key == '"method"':
+            has_method = True
+        i += 1
+    try:
+        value = json.loads(found) if found is not None and len(found) <= 200 else None
+    except ValueError:
+        value = None
+    return (value if isinstance(value, str | int) and not isinstance(value, bool) else None), has_method
+
+
 def answer_for(line: bytes) -> SessionMessage | None:
     """The error answer for a line that is not a valid JSON-RPC message (None: a notification, never answered)."""
     try:
         data = json.loads(line, parse_int=_parse_int)
-    except (ValueError, RecursionError):
+    except RecursionError:  # valid JSON maybe, nested past the reader's depth: answer the request's own id
+        request_id, has_method = top_level_id(line)
+        if request_id is None:
+            return None if has_method and b'"id"' not in line else _error(
+                types.PARSE_ERROR, "Parse error: not a JSON document (or nested too deeply)")
+        return _error(types.INVALID_PARAMS, "Invalid params: nested too deeply. Fix: send arguments nested at "
+                      "most a few levels (the tool's input schema shows their shape)", request_id)
+    except ValueError:
         return _error(types.PARSE_ERROR, "Parse error: not a JSON document (or nested too deeply)")
     if isinstance(data, dict):
         request_id = data.get("id")
