@@ -116,6 +116,9 @@ def judge_run_dir(out: str | Path) -> VerificationReport:
     last = max((rec["t"] for recs in records.values() for rec in recs), default=first)
     result.elapsed_s = last - first
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(first))
-    return build_report(plan, result, validate_modes(plan), started_at=started, t0=time.monotonic() - result.elapsed_s,
-                        command=f"moe-overlap verify --judge {out}",
-                        extra_notes=["judged offline from the ranks' records (no launcher watchdog)"])
+    try:
+        return build_report(plan, result, validate_modes(plan), started_at=started,
+                            t0=time.monotonic() - result.elapsed_s, command=f"moe-overlap verify --judge {out}",
+                            extra_notes=["judged offline from the ranks' records (no launcher watchdog)"])
+    except RunFolderError as exc:  # a report file cannot be written (a folder sits at its name)
+        raise VerifyInputError(f"the report cannot be written: {exc.message}", field="judge", fix=exc.fix) from None
