@@ -11,12 +11,15 @@ reader (``moe-overlap card | head -0``) ends quietly with 141, the status of a p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import os
 import sys
 
 from moe_overlap import __version__
 from moe_overlap.commands._common import EXIT_USAGE, CommandError, print_error
+from moe_overlap.jsonout import compact_json
 
 # name -> one-line help. Modules are imported lazily so `moe-overlap validate` never pays for torch.
 COMMANDS: dict[str, str] = {
@@ -91,8 +94,12 @@ def _main(argv: list[str] | None = None) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     only = chosen if chosen in COMMANDS else None
     parser = build_parser(only)
+    wants_json = _wants_json(argv)
+    shown = io.StringIO()
     try:
-        args = parser.parse_args(argv)
+        # --help / --version print on stdout and exit: with --format json that text becomes one JSON document.
+        with contextlib.redirect_stdout(shown) if wants_json else contextlib.nullcontext():
+            args = parser.parse_args(argv)
     except _UsageError as exc:
         exc.parser.print_usage(sys.stderr)
         print(f"{exc.parser.prog}: error: {exc.message}", file=sys.stderr)
@@ -100,9 +107,13 @@ def _main(argv: list[str] | None = None) -> int:
             print_error(CommandError(exc.message, fix=f"see `{exc.parser.prog} --help`"), "json")
         return EXIT_USAGE
     except SystemExit as exc:  # --help, --version
+        if wants_json:
+            sys.stdout.write(compact_json({"help": shown.getvalue()}) + "\n")
         return EXIT_USAGE if exc.code not in (0, None) else 0
     if not args.command:
         parser.print_help(sys.stderr)
+        if wants_json:
+            print_error(CommandError("no command given", fix=f"one of: {', '.join(COMMANDS)}"), "json")
         return EXIT_USAGE
     try:
         return int(_module_for(args.command).run(args))
