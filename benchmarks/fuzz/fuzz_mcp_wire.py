@@ -22,6 +22,7 @@ import platform
 import queue
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,12 +105,8 @@ def request_line(rng: random.Random, tools: dict, request_id) -> str:
             f'"params":{{"name":{json.dumps(name)},"arguments":{{{args}}}}}}}')
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--calls", type=int, default=6000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+def run_wire(calls: int, seed: int) -> dict:
+    """`calls` hand-written tools/call lines to a fresh stdio server; the tally (examples: the first problems)."""
     folder, runs = make_allowed_folder(), Path(tempfile.mkdtemp(prefix="fuzz-wire-runs-"))
     wire = Wire(folder, runs)
     wire.send(json.dumps({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
@@ -118,11 +115,11 @@ def main() -> int:
     wire.send('{"jsonrpc":"2.0","method":"notifications/initialized"}')
     wire.send('{"jsonrpc":"2.0","id":"list","method":"tools/list"}')
     tools = {t["name"]: t["inputSchema"] for t in wire.answer("list", 30)["result"]["tools"]}
-    rng = random.Random(args.seed)
+    rng = random.Random(seed)
     tally = {"calls": 0, "answered_own_id": 0, "unanswered": 0, "stray_answers": 0, "not_json": 0,
              "internal_errors": 0, "over_limit": 0, "slowest_s": 0.0, "kinds": {}, "examples": []}
     t_start = time.perf_counter()
-    for i in range(args.calls):
+    for i in range(calls):
         request_id = i if rng.random() < 0.8 else f"req-{i}"
         line = request_line(rng, tools, request_id)
         t0 = time.perf_counter()
@@ -164,7 +161,23 @@ def main() -> int:
     tally["server_peak_rss_mb"] = _hwm(wire.proc.pid)
     tally["worker_peak_rss_mb"] = max([_hwm(int(p)) for p in _children(wire.proc.pid)] or [0.0])
     wire.proc.stdin.close()
-    wire.proc.wait(30)
+    try:
+        wire.proc.wait(30)
+    finally:
+        if wire.proc.poll() is None:
+            wire.proc.kill()
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(runs, ignore_errors=True)
+    return tally
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=6000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    tally = run_wire(args.calls, args.seed)
     print(json.dumps({k: v for k, v in tally.items() if k != "examples"}, indent=1))
     for ex in tally["examples"]:
         print(ex)
