@@ -68,6 +68,9 @@ def build_server(options: ServerOptions | None = None) -> MCPServer:
         finally:
             # The client went away (stdin closed, session ended): no verification may outlive it. The ranks are
             # killed at once; the job threads get a moment to write their reports, not more.
+            from moe_overlap.mcp import isolated
+
+            isolated.shutdown()
             jobs.shutdown(wait_s=SHUTDOWN_WAIT_S)
 
     guard = ArgumentGuard()
