@@ -111,6 +111,7 @@ def _text(report) -> str:
 def run(args) -> int:
     from moe_overlap.verify.api import run_verification
     from moe_overlap.verify.plan.build import VerifyInputError, make_plan
+    from moe_overlap.verify.rundir.read import RunFolderError
 
     if args.judge is not None and not args.judge.strip():
         raise CommandError("--judge '': an empty folder name", field="judge",
@@ -141,6 +142,8 @@ def run(args) -> int:
             report = run_verification(options, progress=_progress_printer(args.quiet))
     except VerifyInputError as exc:
         raise CommandError(exc.message, field=exc.field, fix=exc.fix) from None
+    except RunFolderError as exc:  # a report file could not be written (the folder was changed under the run)
+        raise CommandError(exc.message, field="out", fix=exc.fix, exit_code=EXIT_FAIL) from None
     if args.format == "json":  # the summary first and where the report is: what the MCP tools answer too
         from moe_overlap.verify.judge.outcome import outcome
 
