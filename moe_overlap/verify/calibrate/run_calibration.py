@@ -68,12 +68,16 @@ def calibration_from_pieces(pieces: StepPieces, *, backend: str, world: int, pre
     gbps = per_call_bytes / (per_call - latency) / 1e9
     eff = pieces.probe.overlap_efficiency
     tflops = flops / pieces.experts_s / 1e12
-    cal = Calibration(
-        expert_tflops=tflops, dense_tflops=tflops, a2a_gbps=gbps, a2a_latency_us=latency * 1e6,
-        overlap_efficiency=min(1.0, max(0.0, eff)) if eff is not None else 0.0, overhead_ms=0.0,
-        source=f"{source}: {backend}, {world} ranks, {precision}; {kind} from the pieces timed alone after "
-               f"training (median of {pieces.rounds} rounds, slowest rank); router GEMMs at the expert rate",
-    )
+    try:
+        cal = Calibration(
+            expert_tflops=tflops, dense_tflops=tflops, a2a_gbps=gbps, a2a_latency_us=latency * 1e6,
+            overlap_efficiency=min(1.0, max(0.0, eff)) if eff is not None else 0.0, overhead_ms=0.0,
+            source=f"{source}: {backend}, {world} ranks, {precision}; {kind} from the pieces timed alone after "
+                   f"training (median of {pieces.rounds} rounds, slowest rank); router GEMMs at the expert rate",
+        )
+    except ValidationError as exc:  # times of 1e-320 s or 1e300 bytes (a damaged record): rates out of range
+        err = exc.errors()[0]
+        return None, f"the pieces give a rate out of range ({'.'.join(map(str, err['loc']))}: {err['msg']})"
     note = ("overlap efficiency from the run's overlap probe" if eff is not None
             else "no overlap probe: efficiency 0")
     if eff is not None and not 0.0 <= eff <= 1.0:
