@@ -180,3 +180,18 @@ def test_closed_stdout_ends_quietly():
     proc = subprocess.run(f"{sys.executable} -m moe_overlap.cli card --format json | head -c 0", shell=True,
                           capture_output=True, env=env, cwd=fc.ROOT, executable="/bin/bash")
     assert b"Traceback" not in proc.stderr and b"BrokenPipe" not in proc.stderr, proc.stderr
+
+
+def test_pieces_record_with_out_of_range_times_is_judged(sandbox):
+    """The project's fuzz, case 2181 of seed 0: a pieces record with a 1e-320 s all-to-all gave an infinite rate
+    and a ValidationError in the explanation; now the prediction says the pieces give no usable rate."""
+    run, _, _, _ = sandbox
+    path = run / "ranks" / "rank0.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    for rec in recs:
+        if rec["kind"] == "pieces":
+            rec["a2a_s"] = 1e-320
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert _judge(sandbox)["code"] in (0, 1)
+    prediction = json.loads((run / "report.json").read_text())["analysis"]["prediction"]
+    assert not prediction["available"] and "out of range" in prediction["reason"], prediction
