@@ -4,17 +4,22 @@ Each sub-command lives in ``moe_overlap/commands/<name>.py`` with two functions:
 ``add_arguments(parser)`` and ``run(args) -> int``. Logic stays in ``skill/``, ``verify/`` and ``ep/``.
 
 Exit codes (a contract scripts rely on): 0 ok / valid, 1 invalid or verification failed,
-2 usage or input error. ``--format json`` prints exactly one JSON document on stdout.
+2 usage or input error. ``--format json`` prints exactly one JSON document on stdout. A stdout closed by the
+reader (``moe-overlap card | head -0``) ends quietly with 141, the status of a process ended by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
+import os
 import sys
 
 from moe_overlap import __version__
 from moe_overlap.commands._common import EXIT_USAGE, CommandError, print_error
+from moe_overlap.jsonout import compact_json
 
 # name -> one-line help. Modules are imported lazily so `moe-overlap validate` never pays for torch.
 COMMANDS: dict[str, str] = {
@@ -63,14 +68,38 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell shows for a writer whose reader went away
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at interpreter exit: a closed pipe is then caught below
+        return code
+    except BrokenPipeError:
+        # The reader is gone: nothing more can be said to it. Point stdout at /dev/null so the interpreter's
+        # own flush at exit does not print an "Exception ignored" message either.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Only the chosen command's module is imported (keeps start-up fast and torch-free).
     chosen = next((a for a in argv if not a.startswith("-")), None)
     only = chosen if chosen in COMMANDS else None
     parser = build_parser(only)
+    wants_json = _wants_json(argv)
+    shown = io.StringIO()
     try:
-        args = parser.parse_args(argv)
+        # --help / --version print on stdout and exit: with --format json that text becomes one JSON document.
+        with contextlib.redirect_stdout(shown) if wants_json else contextlib.nullcontext():
+            args = parser.parse_args(argv)
     except _UsageError as exc:
         exc.parser.print_usage(sys.stderr)
         print(f"{exc.parser.prog}: error: {exc.message}", file=sys.stderr)
@@ -78,9 +107,13 @@ def main(argv: list[str] | None = None) -> int:
             print_error(CommandError(exc.message, fix=f"see `{exc.parser.prog} --help`"), "json")
         return EXIT_USAGE
     except SystemExit as exc:  # --help, --version
+        if wants_json:
+            sys.stdout.write(compact_json({"help": shown.getvalue()}) + "\n")
         return EXIT_USAGE if exc.code not in (0, None) else 0
     if not args.command:
         parser.print_help(sys.stderr)
+        if wants_json:
+            print_error(CommandError("no command given", fix=f"one of: {', '.join(COMMANDS)}"), "json")
         return EXIT_USAGE
     try:
         return int(_module_for(args.command).run(args))

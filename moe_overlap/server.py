@@ -68,6 +68,9 @@ def build_server(options: ServerOptions | None = None) -> MCPServer:
         finally:
             # The client went away (stdin closed, session ended): no verification may outlive it. The ranks are
             # killed at once; the job threads get a moment to write their reports, not more.
+            from moe_overlap.mcp import isolated
+
+            isolated.shutdown()
             jobs.shutdown(wait_s=SHUTDOWN_WAIT_S)
 
     guard = ArgumentGuard()
@@ -136,6 +139,9 @@ def _stop_on_signals(jobs: JobManager) -> None:
     Over HTTP, uvicorn's own handlers (a graceful shutdown that waits for open streams) are not installed.
     """
     def handler(signum, frame):
+        from moe_overlap.mcp import isolated
+
+        isolated.shutdown()  # the worker processes of diagnose / check_training_log
         jobs.shutdown(wait_s=SHUTDOWN_WAIT_S)
         _exit_now(128 + signum)
 
@@ -162,7 +168,9 @@ def _serve_http(server: MCPServer, host: str, port: int, security: TransportSecu
         def capture_signals(self):  # keep the server's own handlers (_stop_on_signals)
             yield
 
-    app = server.streamable_http_app(transport_security=security, host=host)
+    from moe_overlap.mcp.http_ints import LongIntGuard
+
+    app = LongIntGuard(server.streamable_http_app(transport_security=security, host=host))
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=1)
     anyio.run(_Server(config).serve)
 
@@ -201,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(__name__).exception("the server stopped on an error")
         code = 1
     finally:
+        from moe_overlap.mcp import isolated
+
+        isolated.shutdown()
         jobs.shutdown(wait_s=SHUTDOWN_WAIT_S)
     _exit_now(code)
     return code  # not reached

@@ -107,10 +107,10 @@ def run(args: argparse.Namespace) -> int:
     if args.link_gbps is not None:
         data.setdefault("intra_gbps", args.link_gbps)
         data.setdefault("inter_gbps", args.link_gbps)
-    if args.calibrate and args.from_run:
+    if args.calibrate and args.from_run is not None:
         raise CommandError("--calibrate and --from-run both give the machine's rates", field="from_run",
                            fix="keep one of them")
-    if args.from_run:
+    if args.from_run is not None:
         from moe_overlap.verify.calibrate.run_calibration import RunCalibrationError, calibration_from_run
 
         try:
@@ -137,10 +137,15 @@ def run(args: argparse.Namespace) -> int:
     if args.mem_rate is not None and args.hbm_efficiency is not None:
         raise CommandError("--mem-rate and --hbm-efficiency both give the memory-bound shares", field="mem_rate",
                            fix="keep one of them")
+    for key in ("a2a_efficiency", "hbm_efficiency"):  # 1e-320 passes `> 0` and overflows every time
+        value = data.get(key)
+        if isinstance(value, int | float) and 0 < value < MIN_SHARE:
+            raise CommandError(f"--{key.replace('_', '-')} {value:g}: a share of the peak must be >= {MIN_SHARE:g}",
+                               field=key, fix=f"give --{key.replace('_', '-')} as a realistic share, e.g. 0.7")
     try:
         if args.mem_rate is not None:
             data["hbm_efficiency"] = _mem_rate(args.mem_rate, parse_request(data))
-        result = estimate_overlap_benefit(parse_request(data))
+        result = _estimate(estimate_overlap_benefit, parse_request(data))
     except EstimateError as exc:
         flag = "--" + exc.field.split(".")[0].replace("_", "-")
         fix = f"{exc.fix} ({flag})" if exc.fix else f"see the valid values of {flag}"
@@ -148,6 +153,20 @@ def run(args: argparse.Namespace) -> int:
                            choices=exc.choices) from None
     emit(result, args.format, render_text(result))
     return EXIT_OK
+
+
+MIN_SHARE = 1e-6  # the smallest efficiency an estimate takes: times stay finite
+
+
+def _estimate(estimate, request):
+    """The estimate, or a usage error when the inputs give no finite time (skill/estimate/api.py _recommend's
+    StopIteration on times that overflowed: rates or shares at the edge of the float range)."""
+    try:
+        return estimate(request)
+    except (StopIteration, ArithmeticError):
+        raise CommandError("these inputs give no finite step time (a rate or share so small or large that the "
+                           "predicted times overflow)", fix="give rates and efficiencies in a realistic range "
+                           "(e.g. --a2a-efficiency 0.7)") from None
 
 
 def _mem_rate(path: str, req) -> dict:

@@ -133,7 +133,13 @@ def _text(report) -> str:
 def run(args) -> int:
     from moe_overlap.verify.api import run_verification
     from moe_overlap.verify.plan.build import VerifyInputError, make_plan
+    from moe_overlap.verify.rundir.read import RunFolderError
 
+    if args.judge is not None and not args.judge.strip():
+        raise CommandError("--judge '': an empty folder name", field="judge",
+                           fix="give the run folder to judge: --judge DIR (the --out of --print-launch)")
+    if args.out is not None and not args.out.strip():
+        raise CommandError("--out '': an empty folder name", field="out", fix="give a folder: --out DIR")
     options = _options(args)
     cluster = [f for f, v in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node),
                               ("--partition", args.partition), ("--account", args.account),
@@ -152,12 +158,18 @@ def run(args) -> int:
             nodes, per_node = (cluster_shape(plan, options.nodes, options.gpus_per_node)
                                if given or args.print_launch == "slurm" else (1, plan.nproc))
             write_plan(plan)
-            print(torchrun_command(plan, nnodes=nodes, nproc_per_node=per_node) if args.print_launch == "torchrun"
-                  else slurm_script(plan, nodes=nodes, gpus_per_node=per_node, partition=options.partition,
-                                    account=options.account, time_limit=options.time_limit,
-                                    timeout_s=options.timeout_s))
+            text = (torchrun_command(plan, nnodes=nodes, nproc_per_node=per_node) if args.print_launch == "torchrun"
+                    else slurm_script(plan, nodes=nodes, gpus_per_node=per_node, partition=options.partition,
+                                      account=options.account, time_limit=options.time_limit,
+                                      timeout_s=options.timeout_s))
+            if args.format == "json":  # one JSON document, like every other --format json
+                emit({"launch": args.print_launch, "out": str(plan.out),
+                      "command" if args.print_launch == "torchrun" else "script": text,
+                      "judge": f"moe-overlap verify --judge {plan.out}"}, "json")
+            else:
+                print(text)
             return EXIT_OK
-        if args.judge:
+        if args.judge is not None:
             from moe_overlap.verify.judge.offline import judge_run_dir
 
             report = judge_run_dir(args.judge)
@@ -169,6 +181,8 @@ def run(args) -> int:
             report = run_verification(options, progress=_progress_printer(args.quiet))
     except VerifyInputError as exc:
         raise CommandError(exc.message, field=exc.field, fix=exc.fix) from None
+    except RunFolderError as exc:  # a report file could not be written (the folder was changed under the run)
+        raise CommandError(exc.message, field="out", fix=exc.fix, exit_code=EXIT_FAIL) from None
     if args.format == "json":  # the summary first and where the report is: what the MCP tools answer too
         from moe_overlap.verify.judge.outcome import outcome
 

@@ -197,6 +197,9 @@ class GenerateInput(GenerateRequest):
     }, []))
 
 
+MIN_SHARE = 1e-6  # the smallest efficiency an estimate takes: times stay finite
+
+
 class EstimateInput(EstimateRequest):
     """estimate_overlap_benefit's request with the fabric and GPU presets as closed sets."""
 
@@ -230,6 +233,17 @@ class EstimateInput(EstimateRequest):
         "pp": "PP", "vpp": "VPP", "ep_stride": "TP x CP", "baseline_step_ms": "no-overlap step", "layers": "MoE layers",
         "precision": "dtype", "tflops": "GEMM TFLOP/s", "dense_tflops": "dense TFLOP/s", "ep": "EP",
     }, [{"model": "qwen3-30b-a3b", "ep": 8, "gpu_preset": "h100", "global_batch": 1024, "dp": 16}]))
+
+    @field_validator("a2a_efficiency", "hbm_efficiency", mode="before")
+    @classmethod
+    def _realistic_share(cls, v: Any, info: Any) -> Any:
+        """A share under MIN_SHARE (1e-320 passes `> 0`) makes every time overflow: refused here, naming the field
+        (the request model admits it; skill/estimate/api.py _recommend then found no finite schedule)."""
+        shares = v.values() if isinstance(v, dict) else [v]
+        if any(isinstance(x, int | float) and not isinstance(x, bool) and 0 < x < MIN_SHARE for x in shares):
+            raise ValueError(f"{info.field_name} is a share of the peak: give one >= {MIN_SHARE:g} (e.g. 0.7); "
+                             "a smaller one makes every predicted time overflow")
+        return v
 
     @field_validator("calibration", mode="after")
     @classmethod

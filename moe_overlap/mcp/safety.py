@@ -35,16 +35,20 @@ class AllowedRoots:
     """Folders whose files tools may read (config files, training logs). Resolved once at start-up."""
 
     roots: tuple[Path, ...]
+    # The folders as given (absolute, links not resolved): a symlinked --allowed-dir (the repo's examples/) is
+    # named by its link, so a path through it is inside; where it leads is then checked on the resolved roots.
+    aliases: tuple[Path, ...] = ()
 
     @classmethod
     def from_paths(cls, paths: Sequence[str | os.PathLike[str]]) -> AllowedRoots:
-        resolved = []
+        resolved, given = [], []
         for p in paths:
             path = Path(p).expanduser().resolve()
             if not path.is_dir():
                 raise ValueError(f"allowed folder {str(p)!r} is not a directory")
             resolved.append(path)
-        return cls(tuple(resolved))
+            given.append(Path(os.path.abspath(Path(p).expanduser())))
+        return cls(tuple(resolved), tuple(a for a in given if a not in resolved))
 
     @classmethod
     def default(cls) -> AllowedRoots:
@@ -81,7 +85,7 @@ class AllowedRoots:
             )
         if not candidate.is_absolute():
             candidate = self.roots[0] / candidate
-        if not any(_is_within(candidate.absolute(), root) for root in self.roots):
+        if not any(_is_within(Path(os.path.abspath(candidate)), root) for root in self.roots + self.aliases):
             raise ToolError(
                 f"`{field}`: {raw!r} is outside the allowed folders. Fix: copy the file under one of "
                 f"{self.describe()}, or start the server with --allowed-dir pointing at its folder."

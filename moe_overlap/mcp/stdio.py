@@ -6,6 +6,8 @@ whole, however long. Here:
 
 - a line longer than MAX_MESSAGE_BYTES is skipped to its end and answered -32600 (Invalid Request);
 - a line that is not JSON (or nested too deeply for the JSON reader) is answered -32700 (Parse error), id null;
+  an integer over 4000 digits (Python's int() stops at 4300) does not make it unreadable: the request is
+  answered -32602 with its own id;
 - JSON that is not a valid message is answered -32602 (Invalid params) with its id when it is a request that
   names a method and carries an id, else -32600 with id null; notifications are never answered (JSON-RPC 2.0);
 - the process's own fd 0 and 1 point at /dev/null and stderr while serving (as the SDK does), so child processes
@@ -47,19 +49,97 @@ def _error(code: int, message: str, request_id=None) -> SessionMessage:
                                              error=types.ErrorData(code=code, message=message)))
 
 
+MAX_INT_DIGITS = 4000  # under Python's 4300-digit limit for int(), which would make the line unreadable
+
+
+class _Huge(int):
+    """An integer too long to convert: kept as its digit count, so the request's id can still be answered."""
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    return _Huge(digits) if digits > MAX_INT_DIGITS else int(text)
+
+
+def _has_huge(data) -> bool:
+    stack = [data]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, _Huge):
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def top_level_id(line: bytes) -> tuple[str | int | None, bool]:
+    """(the "id" of a JSON object's top level, whether it has a "method"), found by one linear scan that skips
+    nested values without parsing them: for a message too deeply nested for the JSON reader."""
+    text = line.decode("utf-8", "replace")
+    depth, i, n, key, expect_key = 0, 0, len(text), None, False
+    found, has_method = None, False
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            token = text[i:j + 1]
+            if depth == 1 and expect_key:
+                key, expect_key = token, False
+            elif depth == 1 and key == '"id"':
+                found = token
+            i = j + 1
+            continue
+        if c in "{[":
+            depth += 1
+            expect_key = depth == 1
+        elif c in "}]":
+            depth -= 1
+        elif c == "," and depth == 1:
+            key, expect_key = None, True
+        elif depth == 1 and key == '"id"' and c not in ": \t\r\n":
+            j = i
+            while j < n and text[j] not in ",} \t\r\n":
+                j += 1
+            found, i = text[i:j], j
+            continue
+        if depth == 1 and key == '"method"':
+            has_method = True
+        i += 1
+    try:
+        value = json.loads(found) if found is not None and len(found) <= 200 else None
+    except ValueError:
+        value = None
+    return (value if isinstance(value, str | int) and not isinstance(value, bool) else None), has_method
+
+
 def answer_for(line: bytes) -> SessionMessage | None:
     """The error answer for a line that is not a valid JSON-RPC message (None: a notification, never answered)."""
     try:
-        data = json.loads(line)
-    except (ValueError, RecursionError):
+        data = json.loads(line, parse_int=_parse_int)
+    except RecursionError:  # valid JSON maybe, nested past the reader's depth: answer the request's own id
+        request_id, has_method = top_level_id(line)
+        if request_id is None:
+            return None if has_method and b'"id"' not in line else _error(
+                types.PARSE_ERROR, "Parse error: not a JSON document (or nested too deeply)")
+        return _error(types.INVALID_PARAMS, "Invalid params: nested too deeply. Fix: send arguments nested at "
+                      "most a few levels (the tool's input schema shows their shape)", request_id)
+    except ValueError:
         return _error(types.PARSE_ERROR, "Parse error: not a JSON document (or nested too deeply)")
     if isinstance(data, dict):
         request_id = data.get("id")
-        if isinstance(request_id, bool) or not isinstance(request_id, (str, int)):
+        if isinstance(request_id, bool | _Huge) or not isinstance(request_id, (str, int)):
             request_id = None
         if isinstance(data.get("method"), str):
             if request_id is None and "id" not in data:
                 return None  # an invalid notification: JSON-RPC answers no notification
+            if _has_huge(data.get("params")):
+                return _error(types.INVALID_PARAMS, f"Invalid params: an integer of more than {MAX_INT_DIGITS} "
+                              "digits. Fix: send each number within its argument's range (the tool's input "
+                              "schema gives the bounds)", request_id)
             return _error(types.INVALID_PARAMS, "Invalid params: the message does not fit the method's schema "
                           "(or is nested too deeply)", request_id)
         return _error(types.INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request, notification or response",

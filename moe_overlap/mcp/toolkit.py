@@ -216,8 +216,18 @@ def _describe(model: type[BaseModel], err: dict[str, Any]) -> str:
         msg = msg[len("Value error, "):]
     if not err["loc"]:  # a rule across arguments: its message already says what to give
         return f"`{loc}`: {msg}. Fix: send the arguments as the message says."
-    got = repr(err.get("input"))
+    got = _shown(err.get("input"))
     if len(got) > 80:
         got = got[:77] + "..."
     fix = f"Fix: `{loc}` expects {what}." if what else "Fix: correct the value."
     return f"`{loc}`: {msg} (got {got}). {fix}"
+
+
+def _shown(value: Any) -> str:
+    """repr of a rejected value, never failing (an int over 4300 digits has no repr) and never long."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    try:
+        return repr(value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__}"

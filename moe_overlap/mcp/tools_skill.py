@@ -17,6 +17,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 
 from moe_overlap.mcp import safety
+from moe_overlap.mcp.isolated import isolated
 from moe_overlap.mcp.safety import AllowedRoots, read_text_fd
 from moe_overlap.mcp.toolkit import READ_ONLY, ArgumentGuard, model_tool
 from moe_overlap.mcp.work import bounded
@@ -25,6 +26,16 @@ if TYPE_CHECKING:  # the input models are imported on a tool's first call (catal
     from moe_overlap.mcp import inputs as ins
 
 logger = logging.getLogger(__name__)
+
+
+def _finite_estimate(estimate, request):
+    """The estimate, or a ValueError when the inputs give no finite time: skill/estimate/api.py _recommend raises
+    StopIteration on times that overflowed (a StopIteration crossing a coroutine would become RuntimeError)."""
+    try:
+        return estimate(request)
+    except (StopIteration, ArithmeticError):
+        raise ValueError("these inputs give no finite step time (a rate or share so small or large that the "
+                         "predicted times overflow). Fix: give rates and efficiencies in a realistic range") from None
 
 
 def as_tool_error(exc: Exception, default_field: str) -> ToolError:
@@ -134,7 +145,6 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots) -> list[Tool]:
             raise as_tool_error(exc, "request") from None
 
     async def check_training_log(inp: ins.CheckLogInput, ctx: Context) -> Any:
-        from moe_overlap.skill.diagnose import logs
         from moe_overlap.skill.diagnose.log_output import log_output
 
         text, source, omitted = inp.text, "inline text", 0
@@ -147,16 +157,15 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots) -> list[Tool]:
                 os.close(fd)
             source = str(path)
         try:
-            result = await bounded(logs.check_training_log, text, what="text")
+            # In a worker process: regular expressions over a large text hold the interpreter lock (isolated.py).
+            result = await isolated("moe_overlap.skill.diagnose.logs:check_training_log", text, what="text")
         except ValueError as exc:
             raise as_tool_error(exc, "text") from None
         return log_output(result, source=source, omitted=omitted)
 
     async def diagnose_failure(inp: ins.DiagnoseInput, ctx: Context) -> Any:
-        from moe_overlap.skill.diagnose import api as diagnose
-
         try:
-            return await bounded(lambda: diagnose.diagnose(inp.text, limit=inp.limit), what="text")
+            return await isolated("moe_overlap.skill.diagnose.api:diagnose", inp.text, inp.limit, what="text")
         except ValueError as exc:
             raise as_tool_error(exc, "text") from None
 
@@ -166,7 +175,7 @@ def tools(guard: ArgumentGuard, roots: AllowedRoots) -> list[Tool]:
 
         request = EstimateRequest.model_validate(inp.model_dump(exclude_unset=True))
         try:
-            return await bounded(estimate.estimate_overlap_benefit, request, what="request")
+            return await bounded(_finite_estimate, estimate.estimate_overlap_benefit, request, what="request")
         except ValueError as exc:
             raise as_tool_error(exc, "request") from None
 

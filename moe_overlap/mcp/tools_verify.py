@@ -142,9 +142,18 @@ def register_resources(server: MCPServer, jobs: JobManager) -> None:
                      name="verification-report-md", description="The report of a verification job, for people")
     def report_md(job_id: str, ctx: Context) -> str:
         path = report_of(job_id, ctx).files.get("report.md")
-        if not path or not Path(path).is_file():
+        text = None
+        if path:  # the run folder's reader: a plain file inside the job's folder, bounded, no link followed
+            from moe_overlap.verify.rundir.read import RunFolderError, read_text
+
+            try:
+                text = read_text(Path(path).parent, Path(path).name)
+            except RunFolderError as exc:
+                raise ResourceError(f"job {job_id!r}: report.md cannot be read ({exc.message}); read report.json "
+                                    "instead") from None
+        if text is None:
             raise ResourceError(f"job {job_id!r} wrote no report.md; read report.json instead")
-        return Path(path).read_text(encoding="utf-8")
+        return text
 
 
 def tools(guard: ArgumentGuard, roots: AllowedRoots, jobs: JobManager, runs_dir: Path | None) -> list[Tool]:

@@ -103,3 +103,13 @@ def test_issue_cases_over_mcp(served, name, args, words):
         assert not result.is_error, text
     else:
         assert result.is_error and words in text, text
+
+
+def test_wire_fuzz_every_request_gets_its_own_id():
+    """Issue 34: hand-written lines over the real stdio wire (5000-digit ints, NaN, 1e-320, 3000-deep nesting):
+    every request answered with its own id, none an internal error (benchmarks/fuzz/fuzz_mcp_wire.py runs 6000)."""
+    from benchmarks.fuzz.fuzz_mcp_wire import run_wire
+
+    tally = run_wire(150, seed=1)
+    assert tally["answered_own_id"] == tally["calls"] == 150, tally["examples"]
+    assert tally["internal_errors"] == 0 and tally["over_limit"] == 0, tally["examples"]

@@ -161,3 +161,41 @@ def test_special_files_inside_are_refused_without_blocking(tmp_path, kind):
         (inside / "x.log").mkdir()
     with pytest.raises(ToolError, match="not a regular file"):
         AllowedRoots.from_paths([inside]).open_file("x.log", field="path")
+
+
+def test_a_symlinked_allowed_folder_serves_its_files_and_a_link_out_of_it_is_refused(tmp_path):
+    """Issue 34: the repo's own examples/ is a link; its files were refused as 'outside the allowed folders'."""
+    real = tmp_path / "assets"
+    real.mkdir()
+    (real / "a.yaml").write_text("model: {}\n")
+    (tmp_path / "secret.yaml").write_text("secret\n")
+    (real / "out.yaml").symlink_to(tmp_path / "secret.yaml")
+    (tmp_path / "examples").symlink_to(real, target_is_directory=True)
+    allowed = AllowedRoots.from_paths([tmp_path / "examples"])
+    for raw in ("a.yaml", str(tmp_path / "examples" / "a.yaml"), str(real / "a.yaml")):
+        assert allowed.resolve_file(raw, field="path") == (real / "a.yaml").resolve()
+    for raw in ("out.yaml", str(tmp_path / "examples" / "out.yaml")):
+        with pytest.raises(ToolError, match="symbolic link"):
+            allowed.resolve_file(raw, field="path")
+    with pytest.raises(ToolError, match="outside the allowed"):
+        allowed.resolve_file(str(tmp_path / "secret.yaml"), field="path")
+
+
+def test_the_repos_examples_link_over_mcp():
+    """The server started with --allowed-dir examples (a link in this repository) validates a file in it."""
+    from tests.mcp.stdio_session import REPO, StdioSession, initialize_request
+
+    examples = REPO / "examples"
+    assert examples.is_symlink()
+    name = sorted(p.name for p in examples.iterdir() if p.suffix == ".yaml")[0]
+    session = StdioSession("--allowed-dir", str(examples))
+    try:
+        session.send(initialize_request(1))
+        session.wait_for(1, timeout=60)
+        session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        session.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "validate_config", "arguments": {"config_path": str(examples / name)}}})
+        result = session.wait_for(2, timeout=60)["result"]
+        assert not result.get("isError"), result
+    finally:
+        session.close()

@@ -71,7 +71,7 @@ GOOD_PLAN = {"config_source": "embedded default", "config_kind": "default", "npr
 @pytest.mark.parametrize("plan,words", [
     ({}, "config_source"), ({**GOOD_PLAN, "nproc": 1e9}, "nproc"), ({**GOOD_PLAN, "nproc": 10**12}, "nproc"),
     ({**GOOD_PLAN, "nproc": "two"}, "nproc"), ({**GOOD_PLAN, "specs": []}, "specs"), ([], "top level"),
-    ("{", "not valid JSON"), ("9" * 5000, "not valid JSON"), ("[" * 5000, "not valid JSON"),
+    ("{", "not valid JSON"), ("9" * 5000, "5000 digits"), ("[" * 5000, "nested deeper"),
     ({**GOOD_PLAN, "config_kind": "x"}, "config_kind"), ({**GOOD_PLAN, "device": "tpu"}, "device"),
 ])
 def test_a_bad_plan_json_is_a_clear_error_quickly(tmp_path, plan, words):

@@ -65,9 +65,18 @@ class _Loader(yaml.CSafeLoader if _CParser is not None else yaml.SafeLoader):  #
             raise
         except Exception as exc:  # noqa: BLE001 - ValueError, KeyError, AttributeError ... of a constructor
             tag = node.tag.rsplit(":", 1)[-1]
-            detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-            raise ConfigError(f"{_where(node.start_mark)}: this {tag} value cannot be read ({detail})",
+            # The project's words, never the constructor's (a Python internals string such as
+            # "'NoneType' object has no attribute 'groupdict'" says nothing to the user).
+            raise ConfigError(f"{_where(node.start_mark)}: this {tag} value cannot be read ({_why(tag, exc)})",
                               fix="write the value as a plain number, true/false or a quoted string") from None
+
+
+def _why(tag: str, exc: Exception) -> str:
+    if "digits" in str(exc):
+        return "an integer of more than 4300 digits"
+    return {"timestamp": "not a date or time YAML can read, e.g. 2024-02-01 or 2024-02-01T10:00:00",
+            "int": "not an integer", "float": "not a number", "bool": "not true or false",
+            "binary": "not base64 data"}.get(tag, f"not a valid {tag}")
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -188,8 +197,8 @@ def _load_text(text: str, name: str, fmt: str | None) -> Any:
         raise ConfigError(f"{name}: not valid YAML: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
     except RecursionError:
         raise ConfigError(f"{name}: nested too deeply to be a training config") from None
-    except ValueError as exc:  # json: an integer of more than 4300 digits
-        raise ConfigError(f"{name}: a value cannot be read ({str(exc)[:120]})",
+    except ValueError:  # json: an integer of more than 4300 digits
+        raise ConfigError(f"{name}: a value cannot be read (an integer of more than 4300 digits)",
                           fix="give realistic numbers") from None
 
 

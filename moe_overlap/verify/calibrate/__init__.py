@@ -4,6 +4,6 @@ machine.py (calibrate(): GEMM rate, gather cost, all-to-all, overlap efficiency,
 (the step's all-to-alls, count exchanges and expert GEMMs timed alone inside a verification's ranks),
 run_calibration.py (a Calibration from those pieces, for the explanation).
 
-May import: moe_overlap.ep, moe_overlap.skill.estimate, moe_overlap.verify.run.ranks,
+May import: moe_overlap.verify.rundir, moe_overlap.ep, moe_overlap.skill.estimate, moe_overlap.verify.run.ranks,
 moe_overlap.verify.judge.analysis_model
 """

@@ -16,14 +16,17 @@ the overlap probe) are rates of this machine and this transport, measured in the
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from moe_overlap.skill.estimate.model import Calibration
 from moe_overlap.verify.judge.analysis_model import StepPieces
+from moe_overlap.verify.rundir.read import RunFolderError, read_json
+
+MAX_RANKS = 4096
 
 
 class RunCalibrationError(ValueError):
@@ -65,12 +68,16 @@ def calibration_from_pieces(pieces: StepPieces, *, backend: str, world: int, pre
     gbps = per_call_bytes / (per_call - latency) / 1e9
     eff = pieces.probe.overlap_efficiency
     tflops = flops / pieces.experts_s / 1e12
-    cal = Calibration(
-        expert_tflops=tflops, dense_tflops=tflops, a2a_gbps=gbps, a2a_latency_us=latency * 1e6,
-        overlap_efficiency=min(1.0, max(0.0, eff)) if eff is not None else 0.0, overhead_ms=0.0,
-        source=f"{source}: {backend}, {world} ranks, {precision}; {kind} from the pieces timed alone after "
-               f"training (median of {pieces.rounds} rounds, slowest rank); router GEMMs at the expert rate",
-    )
+    try:
+        cal = Calibration(
+            expert_tflops=tflops, dense_tflops=tflops, a2a_gbps=gbps, a2a_latency_us=latency * 1e6,
+            overlap_efficiency=min(1.0, max(0.0, eff)) if eff is not None else 0.0, overhead_ms=0.0,
+            source=f"{source}: {backend}, {world} ranks, {precision}; {kind} from the pieces timed alone after "
+                   f"training (median of {pieces.rounds} rounds, slowest rank); router GEMMs at the expert rate",
+        )
+    except ValidationError as exc:  # times of 1e-320 s or 1e300 bytes (a damaged record): rates out of range
+        err = exc.errors()[0]
+        return None, f"the pieces give a rate out of range ({'.'.join(map(str, err['loc']))}: {err['msg']})"
     note = ("overlap efficiency from the run's overlap probe" if eff is not None
             else "no overlap probe: efficiency 0")
     if eff is not None and not 0.0 <= eff <= 1.0:
@@ -92,35 +99,103 @@ def host_floor_input(pieces: StepPieces | None, device: str) -> tuple[float | No
                                       "to issue (the layers timed alone after training)")
 
 
-def load_run(path: str | Path) -> dict[str, Any]:
-    """report.json of a verification run (a folder or the file itself)."""
-    path = Path(path)
-    report = path / "report.json" if path.is_dir() else path
+class _Env(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    backend: str = Field("?", max_length=100)
+    nproc: int = Field(1, ge=1, le=MAX_RANKS)
+    device: str | None = Field(None, max_length=100)
+
+
+class _Analysis(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    pieces: dict[str, Any] | None = None
+
+
+class _Report(BaseModel):
+    """The parts of report.json the calibration reads, validated (a hand-made or damaged report is refused
+    naming the field: a list where a number stands, a NaN or Infinity among the pieces)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    format: Literal["moe-overlap-verification-report"]
+    environment: _Env = Field(default_factory=_Env)
+    config: dict[str, Any] = Field(default_factory=dict)
+    analysis: _Analysis | None = None
+    out_dir: str | None = Field(None, max_length=4096)
+    started_at: str | None = Field(None, max_length=100)
+
+
+def _finite_pieces(pieces: dict[str, Any], where: str) -> StepPieces:
+    bad = [k for k, v in _numbers(pieces) if not math.isfinite(v)]
+    if bad:
+        raise RunCalibrationError(f"{where}: analysis.pieces.{bad[0]} is not a finite number (NaN or Infinity): "
+                                  "a run writes finite times; the report was damaged or edited")
     try:
-        data = json.loads(report.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RunCalibrationError(f"{report}: not a readable verification report ({exc})") from None
-    if data.get("format") != "moe-overlap-verification-report":
-        raise RunCalibrationError(f"{report}: not a moe-overlap verification report")
+        return StepPieces.model_validate(pieces)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise RunCalibrationError(f"{where}: analysis.pieces.{field}: {err['msg']}") from None
+
+
+def _numbers(data: Any, prefix: str = ""):
+    if isinstance(data, float):
+        yield prefix, data
+    elif isinstance(data, dict):
+        for k, v in data.items():
+            yield from _numbers(v, f"{prefix}.{k}" if prefix else str(k))
+
+
+def load_run(path: str | Path) -> dict[str, Any]:
+    """report.json of a verification run (a folder or the file itself), read by the run folder's reader
+    (verify/rundir: a plain file, no link followed, bounded, strict JSON) and validated."""
+    if str(path) == "":
+        raise RunCalibrationError("--from-run '': an empty folder name; give the --out folder of a finished run")
+    path = Path(path)
+    try:
+        is_dir = path.is_dir()
+    except OSError:
+        is_dir = False
+    folder, name = (path, "report.json") if is_dir else (path.parent, path.name)
+    where = folder / name
+    try:
+        data = read_json(folder, name, what="verification report", allow_nan=True)
+    except RunFolderError as exc:
+        raise RunCalibrationError(f"not a readable verification report: {exc.message}") from None
+    if not isinstance(data, dict) or data.get("format") != "moe-overlap-verification-report":
+        raise RunCalibrationError(f"{where}: not a moe-overlap verification report")
+    try:
+        _Report.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise RunCalibrationError(f"{where}: {field}: {err['msg']}") from None
     return data
 
 
 def calibration_from_run(path: str | Path) -> tuple[Calibration, dict[str, Any]]:
     """The calibration a finished run gives, and the run's config (to compare shapes)."""
     data = load_run(path)
-    pieces = (data.get("analysis") or {}).get("pieces")
-    if not pieces:
+    report = _Report.model_validate(data)
+    raw_pieces = report.analysis.pieces if report.analysis is not None else None
+    if not raw_pieces:
         raise RunCalibrationError(f"{path}: the run has no timed pieces (it ran with --no-explain, stopped before "
                                   "the end of training, or predates them): run `moe-overlap verify` again")
-    env, cfg = data.get("environment") or {}, data.get("config") or {}
-    cal, note = calibration_from_pieces(StepPieces.model_validate(pieces), backend=env.get("backend", "?"),
-                                        world=int(env.get("nproc") or 1), precision=cfg.get("precision", "?"),
-                                        source=f"verification run {data.get('out_dir', path)} "
-                                               f"({data.get('started_at', '?')})")
+    pieces = _finite_pieces(raw_pieces, str(path))
+    env, cfg = report.environment, report.config
+    precision = cfg.get("precision") if isinstance(cfg.get("precision"), str) else "?"
+    try:
+        cal, note = calibration_from_pieces(pieces, backend=env.backend, world=env.nproc, precision=precision[:20],
+                                            source=f"verification run {report.out_dir or path} "
+                                                   f"({report.started_at or '?'})")
+    except (ValidationError, ArithmeticError) as exc:  # rates out of range: 1e-320 s, 0-byte calls
+        raise RunCalibrationError(f"{path}: the run's pieces give no usable rates ({_why(exc)})") from None
     if cal is None:
         raise RunCalibrationError(f"{path}: {note}")
-    device = env.get("device") or ("cuda" if env.get("backend") == "nccl" else "cpu")
-    host_ms, _ = host_floor_input(StepPieces.model_validate(pieces), device)
+    device = env.device or ("cuda" if env.backend == "nccl" else "cpu")
+    host_ms, _ = host_floor_input(pieces, device)
     tail = (f"; host floor {host_ms:.3f} ms per layer and micro-batch" if host_ms is not None
             else "; no host floor (CPU run: host time is compute time)" if device != "cuda"
             else "; no host floor (not recorded in this run)")
@@ -130,3 +205,10 @@ def calibration_from_run(path: str | Path) -> tuple[Calibration, dict[str, Any]]
         raise RunCalibrationError(f"{path}: the run's host time cannot feed the estimator "
                                   f"({exc.errors()[0]['msg']})") from None
     return cal, cfg
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+    return type(exc).__name__

@@ -8,15 +8,10 @@ A local run writes plan.json too, so its folder can be judged again (e.g. after 
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from moe_overlap.skill.files import FileRefused, open_regular, read_limited
 from moe_overlap.verify.judge.attribution import RankEnd, describe, error_of, first_failure, is_peer_error
 from moe_overlap.verify.judge.report_model import VerificationReport
 from moe_overlap.verify.plan.build import (
@@ -31,9 +26,14 @@ from moe_overlap.verify.plan.modes import ModeSpec
 from moe_overlap.verify.plan.outdir import MARKER, is_ours
 from moe_overlap.verify.plan.plan_file import MAX_PLAN_BYTES, PLAN_FILE, PlanFile, save_plan
 from moe_overlap.verify.run.launcher import LaunchResult
-from moe_overlap.verify.run.records import read_all, records_path
-
-MAX_RECORDS_BYTES = 256 << 20  # one rank's records: 100,000 steps x 3 modes is about 60 MB
+from moe_overlap.verify.run.records import RankRecord, records_path
+from moe_overlap.verify.rundir.read import (
+    MAX_RECORDS_BYTES,
+    RunFolderError,
+    folder_root,
+    read_model,
+    read_records,
+)
 
 
 def write_plan(plan: Plan) -> Path:
@@ -48,60 +48,38 @@ def _not_a_run_folder(out: Path, why: str) -> VerifyInputError:
                                 "command, then --judge DIR")
 
 
-def _read_json(path: Path, out: Path) -> Any:
-    try:
-        return json.loads(read_limited(path, MAX_PLAN_BYTES, what="run file").decode("utf-8"))
-    except FileRefused as exc:
-        raise _not_a_run_folder(out, exc.message) from None
-    except (ValueError, RecursionError) as exc:
-        raise _not_a_run_folder(out, f"{path.name} is not valid JSON: {str(exc)[:120]}") from None
-
-
 def _load_plan(out: Path) -> Plan:
-    if not out.is_dir():
-        raise _not_a_run_folder(out, "no such folder")
-    if not is_ours(out):
+    try:
+        root = folder_root(out)
+    except RunFolderError as exc:
+        raise _not_a_run_folder(out, exc.message) from None
+    if not is_ours(root):
         raise _not_a_run_folder(out, f"no {MARKER} in it")
-    raw_plan = _read_json(out / PLAN_FILE, out)
-    for name, model, raw in ((PLAN_FILE, PlanFile, raw_plan), ("config.json", VerifyConfig, None)):
-        try:
-            parsed_file = model.model_validate(raw if raw is not None else _read_json(out / name, out))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            shown = repr(err.get("input"))
-            raise _not_a_run_folder(out, f"{name}: {where}: {err['msg']}, got {shown[:60]}") from None
-        if model is PlanFile:
-            data = parsed_file
-        else:
-            cfg = parsed_file
+    try:
+        data = read_model(root, PLAN_FILE, PlanFile, max_bytes=MAX_PLAN_BYTES, what="run file")
+        cfg = read_model(root, "config.json", VerifyConfig, max_bytes=MAX_PLAN_BYTES, what="run file")
+    except RunFolderError as exc:
+        raise _not_a_run_folder(out, exc.message) from None
     raw = data.raw_source
     try:  # the judge's own single pass over a Megatron source (criterion 1 validates it as the user gave it)
         parsed = parse_megatron(read_source(raw)) if data.config_kind == "megatron" and raw is not None else None
     except VerifyConfigError as exc:
         raise VerifyInputError(f"the run's config source: {exc.message}", field=exc.field, fix=exc.fix) from None
+    except (ValueError, TypeError, RecursionError) as exc:  # a hand-made raw_source the parser cannot read
+        raise _not_a_run_folder(out, f"{PLAN_FILE}: raw_source cannot be read as a config "
+                                     f"({type(exc).__name__})") from None
     return Plan(cfg=cfg, config_source=data.config_source, config_kind=data.config_kind, raw_source=raw,
                 megatron=validated_config(cfg, parsed), nproc=data.nproc, device=data.device,
-                specs=[ModeSpec(**s.model_dump()) for s in data.specs], out=out, notes=list(data.notes),
+                specs=[ModeSpec(**s.model_dump()) for s in data.specs], out=root, notes=list(data.notes),
                 mapping_notes=list(data.mapping_notes), run_id=data.run_id or "", fabric=data.fabric, a2a=data.a2a,
                 sm_margin=data.sm_margin, explain=data.explain, max_steps=data.max_steps or cfg.steps)
 
 
 def _records(out: Path, rank: int) -> list[dict[str, Any]]:
-    path = records_path(out, rank)
-    if not path.exists() and not path.is_symlink():
-        return []
     try:
-        fd = open_regular(path, nofollow=True, what="records file")
-    except FileRefused as exc:
+        return read_records(out, str(records_path(Path(), rank)), RankRecord, max_bytes=MAX_RECORDS_BYTES)
+    except RunFolderError as exc:
         raise _not_a_run_folder(out, exc.message) from None
-    try:
-        size = os.fstat(fd).st_size
-    finally:
-        os.close(fd)
-    if size > MAX_RECORDS_BYTES:
-        raise _not_a_run_folder(out, f"{path.name} is {size} bytes, more than a run writes")
-    return read_all(path)
 
 
 def _status(records: dict[int, list[dict[str, Any]]]) -> LaunchResult:
@@ -134,7 +112,7 @@ def judge_run_dir(out: str | Path, *, cluster_job: dict[str, Any] | None = None,
 
     out = Path(out)
     plan = _load_plan(out)
-    records = {r: _records(out, r) for r in range(plan.nproc)}
+    records = {r: _records(plan.out, r) for r in range(plan.nproc)}
     result = _status(records)
     if ended is not None and not all(recs and recs[-1].get("kind") == "done" for recs in records.values()):
         # The launcher stopped the job (scancel): the ranks' ends follow from that, not the other way round.
@@ -145,6 +123,10 @@ def judge_run_dir(out: str | Path, *, cluster_job: dict[str, Any] | None = None,
     last = max((rec["t"] for recs in records.values() for rec in recs), default=first)
     result.elapsed_s = last - first
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(first))
-    return build_report(plan, result, validate_modes(plan), started_at=started, t0=time.monotonic() - result.elapsed_s,
-                        command=command or f"moe-overlap verify --judge {out}", cluster_job=cluster_job,
-                        extra_notes=[*notes, "judged offline from the ranks' records (no launcher watchdog)"])
+    try:
+        return build_report(plan, result, validate_modes(plan), started_at=started,
+                            t0=time.monotonic() - result.elapsed_s, command=command or f"moe-overlap verify --judge {out}",
+                            cluster_job=cluster_job,
+                            extra_notes=[*notes, "judged offline from the ranks' records (no launcher watchdog)"])
+    except RunFolderError as exc:  # a report file cannot be written (a folder sits at its name)
+        raise VerifyInputError(f"the report cannot be written: {exc.message}", field="judge", fix=exc.fix) from None

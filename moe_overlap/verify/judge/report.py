@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from moe_overlap.verify.judge.report_model import VerificationReport
+from moe_overlap.verify.rundir.write import write_text, write_with
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "skipped": "SKIP"}
 
@@ -42,8 +43,10 @@ def plot_losses(report: VerificationReport, path: Path) -> str | None:
     _plot_step_times(bx, report)
     fig.suptitle(f"moe-overlap verify: {report.verdict}")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:  # into a new file in the run folder, then renamed over the name (a link there is replaced)
+        write_with(path.parent, path.name, lambda f: fig.savefig(f, format="png"))
+    finally:
+        plt.close(fig)
     return None
 
 
@@ -180,6 +183,7 @@ def write_outputs(report: VerificationReport, out: Path) -> VerificationReport:
     if note is None:
         files["loss.png"] = str(out / "loss.png")
     report = report.model_copy(update={"files": files, "notes": report.notes + ([note] if note else [])})
-    (out / "report.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(render_markdown(report), encoding="utf-8")
+    # Never through a link: a name in the folder may have been replaced by anyone (verify/rundir/write.py).
+    write_text(out, "report.json", json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
+    write_text(out, "report.md", render_markdown(report))
     return report

@@ -196,6 +196,9 @@ def make_plan(options: VerifyOptions, *, local: bool = True) -> Plan:
     if options.device != "cuda" and options.a2a == "ce":
         raise VerifyInputError("--a2a ce copies between GPUs with their copy engines: it needs --device cuda",
                                field="a2a", fix="add --device cuda, or drop --a2a (CPU ranks use gloo)")
+    if options.device != "cuda" and options.a2a == "nccl":  # CPU ranks run gloo: a report saying nccl would lie
+        raise VerifyInputError("--a2a nccl needs --device cuda: CPU ranks run gloo's all-to-all",
+                               field="a2a", fix="add --device cuda, or drop --a2a (CPU ranks use gloo)")
     if options.device != "cuda" and options.sm_margin not in ("auto", 0):
         raise VerifyInputError(f"--sm-margin {options.sm_margin} sizes the GPU GEMMs: it needs --device cuda",
                                field="sm_margin", fix="add --device cuda, or drop --sm-margin")

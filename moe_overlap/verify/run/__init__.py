@@ -8,7 +8,7 @@ of NCCL and copy engines under --a2a auto), train.py (the training loop, torch),
 (the tokens), records.py (per-step records and logs), interrupts.py (Ctrl-C), progress.py (one growing count).
 Torch only inside the ranks.
 
-May import: moe_overlap.ep, moe_overlap.verify.plan, moe_overlap.verify.judge.attribution,
-moe_overlap.verify.judge.throughput, moe_overlap.verify.calibrate.pieces,
-moe_overlap.verify.judge.offline, moe_overlap.verify.judge.report_model, moe_overlap.verify.api
+May import: moe_overlap.skill.files, moe_overlap.ep, moe_overlap.verify.plan, moe_overlap.verify.judge.attribution,
+moe_overlap.verify.judge.throughput, moe_overlap.verify.calibrate.pieces, moe_overlap.verify.judge.offline,
+moe_overlap.verify.judge.report_model, moe_overlap.verify.api, moe_overlap.verify.rundir
 """

@@ -14,6 +14,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from moe_overlap.skill.files import FileRefused, open_regular, read_fd
+
+MAX_POLL_BYTES = 64 << 20  # one poll's new records (a rank writes a few KB a step): the rest comes next poll
+
+
+class RankRecord(BaseModel):
+    """One record as the judge reads it back (verify.rundir.read.read_records): the fields it uses, typed.
+
+    A record of another shape (a damaged or hand-edited file) is skipped like a torn line; the step and pieces
+    records are validated into StepRecord / StepPieces where they are used."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    kind: str = Field(max_length=64)
+    t: float = Field(ge=0, le=1e11)
+    pid: int | None = Field(None, ge=0, le=1 << 31)
+    mode: str | None = Field(None, max_length=64)
+    traceback: str | None = Field(None, max_length=1 << 20)
+    transport: str | None = Field(None, max_length=2000)
+    sm_margin: str | None = Field(None, max_length=2000)
+    torch: str | None = Field(None, max_length=200)
+    notes: list[str] | None = Field(None, max_length=1000)
+    planned: int | None = Field(None, ge=0, le=10_000_000)
+    ran: int | None = Field(None, ge=0, le=10_000_000)
+    max_steps: int | None = Field(None, ge=0, le=10_000_000)
+    settled: bool | None = None
+    stopped_by: str | None = Field(None, max_length=200)
+
 
 def rank_dir(out: Path) -> Path:
     return Path(out) / "ranks"
@@ -64,12 +94,15 @@ class RecordTail:
     _partial: bytes = b""
 
     def poll(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
+        try:  # a regular file, not through a link (a FIFO or /dev/zero put there would block or never end)
+            fd = open_regular(self.path, nofollow=True, what="records file")
+        except FileRefused:
             return []
+        try:
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            chunk = read_fd(fd, MAX_POLL_BYTES)
+        finally:
+            os.close(fd)
         if not chunk:
             return []
         self.offset += len(chunk)
@@ -80,7 +113,7 @@ class RecordTail:
         for line in lines:
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # JSONDecodeError, an int over 4300 digits, deep nesting
                 continue  # a torn line can only come from a killed rank; nothing to recover in it
             # Every record RecordWriter writes has these; anything else (a damaged or hand-edited file read
             # by --judge) is skipped like a torn line rather than failing the judge with a KeyError.
