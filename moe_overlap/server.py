@@ -63,6 +63,9 @@ def build_server(options: ServerOptions | None = None) -> MCPServer:
 
     @asynccontextmanager
     async def lifespan(_server: MCPServer) -> AsyncIterator[dict]:
+        from moe_overlap.mcp import isolated
+
+        isolated.prewarm()  # diagnose / check_training_log answer their first call without a process start
         try:
             yield {}
         finally:

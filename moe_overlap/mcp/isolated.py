@@ -5,7 +5,8 @@ Why not a thread (work.py): Python's `re` runs a whole search in C without relea
 thread matching a hostile 60 KB text stops every other thread, the event loop included: no `tools/list` for
 other sessions, SIGTERM handled only after the search (issue 34: 60-90 s). In a process the loop is free; a call
 past its budget is answered with an error and its process killed (the next call starts a fresh one).
-The worker is spawned on the first call (a clean interpreter: no inherited threads or descriptors), dies with
+One worker is spawned in the background when a session starts (`prewarm`: a clean interpreter that has
+imported the matchers already, so the first call does not pay 1-2 s of start-up), more on demand; each dies with
 the server (PR_SET_PDEATHSIG on Linux, and `shutdown()` from the signal handler), and runs one call at a time
 (WORKERS of them). Torch-free.
 """
@@ -25,6 +26,8 @@ _free: list[_Worker] = []
 _all: list[_Worker] = []
 _lock = threading.Lock()
 _slots = threading.BoundedSemaphore(WORKERS)
+# What the tools run here; imported by a pre-warmed worker before its first call.
+PRELOAD = ("moe_overlap.skill.diagnose.api", "moe_overlap.skill.diagnose.logs")
 
 
 def _die_with_parent() -> None:
@@ -37,8 +40,13 @@ def _die_with_parent() -> None:
         pass  # not Linux: shutdown() still kills the workers on SIGTERM or at exit
 
 
-def _serve(conn) -> None:
+def _serve(conn, preload: tuple[str, ...] = ()) -> None:
     _die_with_parent()
+    for module in preload:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - the call that needs it raises the same error, where it is reported
+            pass
     while True:
         try:
             target, args = conn.recv()
@@ -56,12 +64,12 @@ def _serve(conn) -> None:
 
 
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="moe-overlap-mcp-worker")
+        self.proc = ctx.Process(target=_serve, args=(child, preload), daemon=True, name="moe-overlap-mcp-worker")
         self.proc.start()
         child.close()
 
@@ -82,6 +90,17 @@ def _take() -> _Worker:
     with _lock:
         _all.append(worker)
     return worker
+
+
+def prewarm() -> None:
+    """Start one worker in a background thread (the caller does not wait); it waits, ready, for the first call."""
+    def start() -> None:
+        worker = _Worker(PRELOAD)
+        with _lock:
+            _all.append(worker)
+            _free.append(worker)
+
+    threading.Thread(target=start, name="moe-overlap-mcp-prewarm", daemon=True).start()
 
 
 def _give_back(worker: _Worker) -> None:
