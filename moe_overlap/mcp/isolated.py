@@ -115,6 +115,20 @@ def _drop(worker: _Worker) -> None:
             _all.remove(worker)
 
 
+def helper_pids() -> set[int]:
+    """The server's own long-lived helpers (these workers and multiprocessing's resource tracker): not a
+    verification's processes, so a cancel's report of what is left leaves them out."""
+    with _lock:
+        pids = {w.proc.pid for w in _all if w.proc.pid is not None}
+    try:
+        from multiprocessing import resource_tracker
+
+        tracker = getattr(resource_tracker._resource_tracker, "_pid", None)  # noqa: SLF001 - no public accessor
+    except (ImportError, AttributeError):
+        tracker = None
+    return pids | ({tracker} if tracker else set())
+
+
 def shutdown() -> None:
     """Kill every worker now (SIGTERM, the session's end)."""
     with _lock:

@@ -34,7 +34,7 @@ class VerificationStatus(BaseModel):
     cut: bool = Field(False, description="true: long texts were shortened to fit; the report has them whole")
     error: str | None = None
     live_child_processes: list[int] | None = Field(
-        None, description="processes this server still runs (cancel_verification only); [] is clean")
+        None, description="verification processes still running (cancel_verification only); [] is clean")
     next_step: str
 
 

@@ -38,6 +38,14 @@ MAX_FAILURE_CHARS = 1000  # the failure's message; its traceback is in the repor
 JOB_URI = "moe-overlap://jobs/{job_id}/{file}"
 
 
+
+def _job_processes() -> list[int]:
+    """What this server still runs for verifications: its descendants less its own diagnose workers (isolated.py)."""
+    from moe_overlap.mcp import isolated
+
+    helpers = isolated.helper_pids()
+    return [pid for pid in descendant_pids() if pid not in helpers]
+
 def job_uri(job_id: str, file: str = "report.json") -> str:
     return JOB_URI.format(job_id=job_id, file=file)
 
@@ -96,7 +104,7 @@ def status_of(job: Job, *, with_children: bool = False) -> Any:
         summary=_flags(done.summary.model_dump(mode="json")) if done else None,
         failure=done.failure[:MAX_FAILURE_CHARS] if done and done.failure else None,
         report_uri=job_uri(job.id) if done else None, out_dir=done.out_dir if done else None, error=job.error,
-        live_child_processes=descendant_pids() if with_children else None, next_step=next_step(job)))
+        live_child_processes=_job_processes() if with_children else None, next_step=next_step(job)))
 
 
 def owner_of(ctx: Context) -> str | None:
