@@ -59,7 +59,7 @@ def test_default_verification_passes(tmp_path, monkeypatch):
     assert a.prediction.host_ms is None and not a.prediction.host_bound
     assert a.prediction.host_note.startswith("no host floor on CPU")
     assert "host-bound" not in a.explanation.cause and "host-bound" not in report.summary
-    assert report.environment.a2a_transport == "auto: CPU ranks: gloo" and report.environment.fabric == "native"
+    assert report.environment.a2a_transport == "gloo (CPU ranks: the process group's own)" and report.environment.fabric == "native"
     md = (tmp_path / "run" / "report.md").read_text()
     assert "## Where the step time goes" in md and "predicted x" in md
     assert "Host issue time per step" in md and "the estimator's host_ms" in md and "Host: no host floor on CPU" in md

@@ -140,8 +140,8 @@ def _transport_setup(cfg, args, group, device, world: int):
             raise SystemExit("worker: --sync-free takes the process group's all-to-all; drop --a2a ce")
         return None, None, ("nccl" if device.type == "cuda" else "gloo") + " (sync-free: equal-block all-to-alls)"
     kind = args.a2a
-    if device.type != "cuda":  # what ran is recorded, whatever was asked: gloo's own all-to-all on CPU
-        return counts_group, None, "gloo (the process group's own" + (f"; --a2a {kind} is for cuda)" if kind else ")")
+    if device.type != "cuda":  # what ran is recorded: gloo's own all-to-all (the plan refuses nccl/ce on CPU)
+        return counts_group, None, "gloo (CPU ranks: the process group's own)"
     if kind is None:
         # Default on CUDA: copy engines when every rank is on this host with peer access (on NVLink an
         # SM-driven NCCL all-to-all hides almost nothing behind the GEMMs; docs/benchmarks.md), NCCL
