@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -10,6 +12,8 @@ import pytest
 
 from moe_overlap import paths
 from moe_overlap.server import ServerOptions, build_server
+from tests.distributed._verify_util import TOKEN_ENV
+from tests.mcp.stdio_session import StdioSession, initialize_request
 
 # Both protocol generations the SDK speaks: the initialize handshake (newest handshake revision)
 # and the stateless per-request envelope.
@@ -46,3 +50,23 @@ async def connect(server, mode: str):
 
 def text_of(result) -> str:
     return "\n".join(getattr(c, "text", "") for c in result.content)
+
+
+@pytest.fixture
+def token():
+    """A marker in the server's environment, so every process it starts can be found (and must be gone)."""
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def stdio(tmp_path, token):
+    """A real `moe-overlap-mcp` over stdio, initialized, allowed to read tmp_path."""
+    session = StdioSession("--runs-dir", str(tmp_path / "runs"), "--allowed-dir", str(tmp_path),
+                           env={**os.environ, TOKEN_ENV: token})
+    session.send(initialize_request(1))
+    session.wait_for(1, timeout=60)
+    session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    yield session
+    if session.proc.poll() is None:
+        session.proc.kill()
+        session.proc.wait()

@@ -104,3 +104,13 @@ def start_http_server(runs_dir: Path, env: dict[str, str] | None = None) -> tupl
                 proc.kill()
                 raise AssertionError(f"server did not start: {proc.stderr.read().decode()[-2000:]}") from None
             time.sleep(0.2)
+
+
+def no_process_left(token: str, timeout: float = 5.0) -> None:
+    """Every process carrying the server's `token` (TOKEN_ENV) is gone within `timeout`."""
+    from tests.distributed._verify_util import processes_with_token
+
+    deadline = time.monotonic() + timeout
+    while processes_with_token(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_with_token(token), "processes outlived the server"

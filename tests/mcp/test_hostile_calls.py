@@ -10,40 +10,14 @@ import os
 import signal
 import time
 import urllib.request
-import uuid
 
-import pytest
-
-from tests.distributed._verify_util import TOKEN_ENV, processes_with_token
-from tests.mcp.stdio_session import StdioSession, initialize_request, start_http_server
+from tests.distributed._verify_util import TOKEN_ENV
+from tests.mcp.stdio_session import StdioSession, initialize_request, no_process_left, start_http_server
 
 HOSTILE_TEXT = ("deepep none " * 6000)[:60000]  # 29 s for 8 KB with the backtracking matcher (issue 34)
 BIG = "9" * 5000
 
 
-@pytest.fixture
-def token():
-    return uuid.uuid4().hex
-
-
-@pytest.fixture
-def stdio(tmp_path, token):
-    session = StdioSession("--runs-dir", str(tmp_path / "runs"), "--allowed-dir", str(tmp_path),
-                           env={**os.environ, TOKEN_ENV: token})
-    session.send(initialize_request(1))
-    session.wait_for(1, timeout=60)
-    session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-    yield session
-    if session.proc.poll() is None:
-        session.proc.kill()
-        session.proc.wait()
-
-
-def _no_process_left(token: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while processes_with_token(token) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not processes_with_token(token), "processes outlived the server"
 
 
 def _raw(session: StdioSession, line: str) -> None:
@@ -63,7 +37,7 @@ def test_stdio_hostile_diagnose_leaves_tools_list_and_sigterm_quick(stdio, token
     stdio.proc.send_signal(signal.SIGTERM)
     stdio.proc.wait(30)
     assert time.monotonic() - t0 < 2.0
-    _no_process_left(token)
+    no_process_left(token)
 
 
 def test_stdio_long_integer_is_answered_with_its_id(stdio):
@@ -123,7 +97,7 @@ def test_http_long_integer_and_hostile_diagnose(tmp_path, token):
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
         assert time.monotonic() - t0 < 2.0
-        _no_process_left(token)
+        no_process_left(token)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -8,12 +8,11 @@ import json
 import os
 import signal
 import time
-import uuid
 
 import pytest
 
 from tests.distributed._verify_util import TOKEN_ENV, processes_with_token
-from tests.mcp.stdio_session import StdioSession, initialize_request, start_http_server
+from tests.mcp.stdio_session import StdioSession, initialize_request, no_process_left, start_http_server
 
 ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8)) + "model: *i\n"
@@ -27,29 +26,6 @@ def _call(session: StdioSession, request_id: int, name: str, arguments: dict) ->
                   "params": {"name": name, "arguments": arguments}})
 
 
-@pytest.fixture
-def token():
-    return uuid.uuid4().hex
-
-
-@pytest.fixture
-def stdio(tmp_path, token):
-    session = StdioSession("--runs-dir", str(tmp_path / "runs"), "--allowed-dir", str(tmp_path),
-                           env={**os.environ, TOKEN_ENV: token})
-    session.send(initialize_request(1))
-    session.wait_for(1, timeout=60)
-    session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-    yield session
-    if session.proc.poll() is None:
-        session.proc.kill()
-        session.proc.wait()
-
-
-def _no_process_left(token: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while processes_with_token(token) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not processes_with_token(token), "processes outlived the server"
 
 
 def _ends_within(session: StdioSession, action, seconds: float = 2.0) -> int:
@@ -95,7 +71,7 @@ def test_sigterm_ends_the_server_within_2_s(stdio, token, state):
         _call(stdio, 2, "get_verification_status", {"job_id": "verify-" + "0" * 32, "wait_s": 50})
         time.sleep(0.5)
     assert _ends_within(stdio, lambda: stdio.proc.send_signal(signal.SIGTERM)) == 128 + signal.SIGTERM
-    _no_process_left(token)
+    no_process_left(token)
 
 
 @pytest.mark.parametrize("how", ["sigterm", "close-stdin"])
@@ -105,14 +81,14 @@ def test_a_running_verification_does_not_delay_the_end(stdio, token, how):
     time.sleep(2.0)
     action = (lambda: stdio.proc.send_signal(signal.SIGTERM)) if how == "sigterm" else stdio.proc.stdin.close
     _ends_within(stdio, action)
-    _no_process_left(token)
+    no_process_left(token)
 
 
 def test_close_stdin_with_a_tool_call_pending(stdio, token):
     _call(stdio, 2, "get_verification_status", {"job_id": "verify-" + "0" * 32, "wait_s": 50})
     _call(stdio, 3, "estimate_overlap_benefit", {**HUGE_ESTIMATE, "layers": 1024, "micro_batches": 65536})
     assert _ends_within(stdio, stdio.proc.stdin.close) == 0
-    _no_process_left(token)
+    no_process_left(token)
 
 
 def test_bad_lines_get_json_rpc_errors(stdio):
@@ -183,7 +159,7 @@ async def test_http_sessions_own_their_jobs_and_sigterm_ends_a_running_server(ht
         proc.send_signal(signal.SIGTERM)
         await anyio.to_thread.run_sync(proc.wait, 30)
         assert time.monotonic() - t0 < 2.0
-    _no_process_left(token)
+    no_process_left(token)
 
 
 @pytest.mark.parametrize("state", ["idle", "serving"])
@@ -201,7 +177,7 @@ def test_http_sigterm_within_2_s(http_server, token, state):
     proc.send_signal(signal.SIGTERM)
     proc.wait(30)
     assert time.monotonic() - t0 < 2.0
-    _no_process_left(token)
+    no_process_left(token)
 
 
 def test_abandoned_heavy_calls_do_not_starve_the_server(stdio):
