@@ -71,7 +71,7 @@ def stdio_run(repeats: int) -> list[dict]:
         wait(1)
         send(INITIALIZED)
         for kind, text in TEXTS.items():
-            for n in range(repeats + 1):
+            for _ in range(repeats + 1):
                 i += 1
                 t0 = time.monotonic()
                 send(_call(i, text))
