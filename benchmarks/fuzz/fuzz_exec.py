@@ -97,10 +97,13 @@ def _worker_main(conn) -> None:
 
 class Handler:
     """A spawned worker running `moe-overlap` command lines one after another; killed and replaced when an
-    input takes longer than the limit (a hang is counted, not waited for)."""
+    input takes longer than `limit_s` (a hang is counted, not waited for). `worker` is the process's function
+    (fuzz_folders.py passes one that swaps the loss plot for a stand-in)."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker=None, limit_s: float = LIMIT_S * 3) -> None:
         self.peak_rss_mb = 0.0
+        self._worker = worker or _worker_main
+        self._limit_s = limit_s
         self._start()
 
     def _start(self) -> None:
@@ -108,14 +111,14 @@ class Handler:
 
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self._proc = ctx.Process(target=self._worker, args=(child,), daemon=True)
         self._proc.start()
         child.close()
 
     def run(self, argv: list[str], stdin: bytes) -> Outcome:
         t0 = time.perf_counter()
         self._conn.send((argv, stdin))
-        if not self._conn.poll(LIMIT_S * 3):
+        if not self._conn.poll(self._limit_s):
             self._proc.kill()
             self._proc.join()
             self._start()

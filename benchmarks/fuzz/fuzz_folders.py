@@ -99,39 +99,14 @@ def _worker_main(conn) -> None:
                    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 
 
-class FolderHandler(Handler):
-    """fuzz_exec's Handler with this module's worker, and a hang cut at LIMIT_S + 1 s (it is counted as over
-    the limit whatever it would have taken)."""
-
-    def run(self, argv: list[str], stdin: bytes) -> Outcome:
-        t0 = time.perf_counter()
-        self._conn.send((argv, stdin))
-        if not self._conn.poll(LIMIT_S + 1):
-            self._proc.kill()
-            self._proc.join()
-            self._start()
-            return Outcome(None, "", "", time.perf_counter() - t0)
-        code, stdout, stderr, seconds, crash, rss = self._conn.recv()
-        self.peak_rss_mb = max(self.peak_rss_mb, rss)
-        return Outcome(code, stdout, stderr, seconds, crash)
-
-    def _start(self) -> None:
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
-        self._proc.start()
-        child.close()
-
-
 def fuzz_surface(surface: str, count: int, seed_value: int, subprocess_sample: int, work: Path) -> dict:
     tally = Tally(surface)
     outside_changes, created_in_cwd = 0, 0
     cwd = work / "cwd"
     cwd.mkdir(parents=True, exist_ok=True)
     os.chdir(cwd)  # the worker inherits it: a stray ./verify-out would show here
-    handler = FolderHandler()
+    # a hang is cut at LIMIT_S + 1 s: it counts as over the limit whatever it would have taken
+    handler = Handler(worker=_worker_main, limit_s=LIMIT_S + 1)
     every = max(1, count // subprocess_sample) if subprocess_sample else 0
     t0 = time.perf_counter()
     for i in range(count):
