@@ -14,7 +14,9 @@
 #   at EP 1), while the grouped_gemm extension (Megatron-Core's GroupedMLP) tries to build from .whl-src if
 #   carried; 3. benchmarks/gpu/gpu_layer.py --sections experts layer for each CODE_ROOTS version, then this checkout
 #   (an ablation: one version per change); 4. benchmarks/gpu/profile_layer.py --world 1 (host profiles, trace
-#   summaries); 5. benchmarks/gpu/ep_overlap.py --world 1; 6. benchmarks/peers/peers.py (ours vs torchtitan vs Megatron-Core).
+#   summaries); 5. benchmarks/gpu/ep_overlap.py --world 1; 6. benchmarks/peers/peers.py (ours vs torchtitan vs Megatron-Core);
+#   opt-in: 7. `verify` (moe-overlap verify --device cuda: the one-GPU EP 1 check, CUDA graphs auto);
+#   8. `graph` (gpu_layer.py --sections graph --graph-sync-free: the sync-free path graphed, at world 1).
 # Results: $OUT/gpu_layer_<label>.json, gpu_layer_after.json, profile_cuda_r1.json, ep_overlap_cuda_r1.json,
 # peers_r1.json; copy them to benchmarks/results/ and commit with docs/benchmarks.md.
 set -uo pipefail
@@ -72,6 +74,11 @@ main() {
     --out "$OUT/ep_overlap_cuda_r1.json"
   PYTHONPATH=/tmp/gg${PYTHONPATH:+:$PYTHONPATH} step peers 120 "$PY" benchmarks/peers/peers.py --out "$OUT/peers_r1.json" \
     $([ -f "$OUT/grouped_gemm_build.log" ] && echo --grouped-gemm-log "$OUT/grouped_gemm_build.log")
+  # #28's one-H200 line and #31's graphed sync-free path (opt-in sections: SECTIONS="tests verify graph")
+  step verify 200 "$PY" -m moe_overlap.cli verify --device cuda --out /tmp/verify_ep1 --force
+  for f in report.json report.md; do [ -f /tmp/verify_ep1/$f ] && cp /tmp/verify_ep1/$f "$OUT/verify_ep1_$f"; done
+  step graph 150 "$PY" benchmarks/gpu/gpu_layer.py --sections graph --graph-sync-free --shapes qwen3-30b-a3b \
+    --skip-megatron --out "$OUT/gpu_layer_graph_sync_free.json"
   echo; echo "=== done ($(date -u +%FT%TZ)); files in $OUT:"; ls -la "$OUT"
 }
 
