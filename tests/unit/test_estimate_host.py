@@ -38,8 +38,8 @@ def test_host_bound_layer_gains_nothing_and_says_so():
     s = by_name(r)
     assert all(x.host_bound for x in r.schedules)
     assert s["none"].step_ms == pytest.approx(2.0 * gpu_none_layer * 64)
-    assert s["1f1b"].speedup == pytest.approx(1 / host.HOST_FACTORS["1f1b"])  # ~0.93x: the pair issues more
-    assert s["1f1b+wgrad"].speedup == pytest.approx(1 / host.HOST_FACTORS["1f1b+wgrad"])
+    assert s["1f1b"].speedup == pytest.approx(1 / host.HOST_FACTORS["sm"]["1f1b"])  # ~0.93x: the pair issues more
+    assert s["1f1b+wgrad"].speedup == pytest.approx(1 / host.HOST_FACTORS["sm"]["1f1b+wgrad"])
     assert "chunked" not in s  # not predicted (docs/estimate.md, "chunked")
     assert r.recommendation != "use" and r.predicted_speedup <= 1.0
     assert any(x.startswith("host-bound: overlap cannot help") for x in r.reasons)
@@ -65,10 +65,10 @@ def test_floor_binds_per_schedule_between_the_two_regimes():
     gpu = by_name(est(**SMALL))
     none_layer, pair_layer = gpu["none"].step_ms / 64, gpu["1f1b"].step_ms / 64
     h = 0.97 * none_layer
-    assert h * host.HOST_FACTORS["1f1b"] > pair_layer
+    assert h * host.HOST_FACTORS["sm"]["1f1b"] > pair_layer
     s = by_name(est(**SMALL, host_ms=h))
     assert not s["none"].host_bound and s["1f1b"].host_bound
-    assert s["1f1b"].step_ms == pytest.approx(h * host.HOST_FACTORS["1f1b"] * 64)
+    assert s["1f1b"].step_ms == pytest.approx(h * host.HOST_FACTORS["sm"]["1f1b"] * 64)
 
 
 def test_calibration_host_time_is_used_and_the_request_wins():
@@ -92,17 +92,41 @@ def test_cli_host_ms(capsys):
     assert json.loads(capsys.readouterr().out)["field"] == "host_ms"
 
 
-def _host_rows():
-    for path in host.FACTOR_FILES:
+def _host_rows(files=None):
+    for path in files or host.FACTOR_FILES:
         for p in json.loads((ROOT / path).read_text())["presets"]:
             yield {r["schedule"]: r["host_ms"] for r in p["rows"] if r.get("host_ms")}
 
 
 def test_pair_factors_are_the_committed_runs():
-    rows = list(_host_rows())
-    assert len(rows) == 9  # three runs x three shapes
-    for name in ("1f1b", "1f1b+wgrad"):
-        assert round(statistics.mean(r[name] / r["none"] for r in rows), 3) == host.HOST_FACTORS[name]
+    assert len(list(_host_rows())) == 9  # three runs x three shapes
+    for engine, files in host.ENGINE_FILES.items():
+        rows = list(_host_rows(files))
+        assert len(rows) == 3 * len(files)
+        for name in ("1f1b", "1f1b+wgrad"):
+            assert round(statistics.mean(r[name] / r["none"] for r in rows), 3) == host.HOST_FACTORS[engine][name]
+
+
+def test_copy_engine_factors_sit_below_the_nccl_ones_shape_by_shape():
+    """Why the factors are per engine: in the r3 files every copy-engine pair factor is below both NCCL runs'
+    at the same shape (the plain layer over copy engines already issues per-peer copies and events)."""
+    by_shape = {}
+    for engine, files in host.ENGINE_FILES.items():
+        for path in files:
+            for p in json.loads((ROOT / path).read_text())["presets"]:
+                r = {x["schedule"]: x["host_ms"] for x in p["rows"] if x.get("host_ms")}
+                by_shape.setdefault(p["preset"], {}).setdefault(engine, []).append(r["1f1b"] / r["none"])
+    assert len(by_shape) == 3
+    for engines in by_shape.values():
+        assert max(engines["copy-engine"]) < min(engines["sm"])
+
+
+def test_the_engine_picks_its_factors():
+    gpu = by_name(est(**SMALL))
+    h = 2.0 * gpu["none"].step_ms / 64
+    for engine in ("sm", "copy-engine"):
+        s = by_name(est(**SMALL, host_ms=h, a2a_engine=engine))
+        assert s["1f1b"].speedup == pytest.approx(1 / host.HOST_FACTORS[engine]["1f1b"])
 
 
 def test_chunk_share_is_the_committed_runs():

@@ -75,8 +75,11 @@ def test_a_host_time_near_the_gpu_step_gives_a_host_bound_prediction_and_says_so
     assert pr.host_ms == pytest.approx(HOST_BOUND_MS) and pr.request["host_ms"] == pytest.approx(HOST_BOUND_MS)
     assert {"1f1b", "1f1b+wgrad"} <= set(pr.host_bound)  # none: 99% of its GPU timeline, not above it
     # The host sets the pace: no overlap schedule is predicted faster than the baseline (each issues more).
-    for row in a.modes[1:]:
-        assert row.predicted_ratio == pytest.approx(1.0, abs=0.15) and row.predicted_ratio <= 1.0
+    from moe_overlap.skill.estimate.host import HOST_FACTORS
+
+    for row, name in zip(a.modes[1:], ("1f1b", "1f1b+wgrad"), strict=True):
+        # at most the pair's host excess below the baseline (none's step is 99% of its host time here)
+        assert 1 / HOST_FACTORS["sm"][name] - 0.01 <= row.predicted_ratio <= 1.0
     assert pr.host_note.startswith("host-bound: overlap cannot help")
     e = a.explanation
     assert e.pays is False and e.cause.startswith("host-bound: overlap cannot help") and "Cut host work" not in e.cause
@@ -92,12 +95,12 @@ def test_a_host_time_near_the_gpu_step_gives_a_host_bound_prediction_and_says_so
 
 def test_a_floor_that_binds_only_for_the_overlap_schedules_still_says_host_bound():
     # 88% of the no-overlap GPU timeline: below the estimator's 95% note, above 1f1b's shorter timeline once
-    # its host factor (x1.154) applies.
+    # its host factor (x1.177, NCCL) applies.
     runs = [_run("baseline", 0.100, 0.090), _run("overlap", 0.101, 0.095)]
     a, _ = _analysis(runs, _pieces(0.099 / LAYER_STEPS * 1e3 * 0.88), "cuda")
     assert "1f1b" in a.prediction.host_bound and "none" not in a.prediction.host_bound
     assert not a.prediction.host_note.startswith("host-bound")
-    assert a.explanation.cause.startswith("host-bound: overlap cannot help overlap") and "x1.154" in a.explanation.cause
+    assert a.explanation.cause.startswith("host-bound: overlap cannot help overlap") and "x1.177" in a.explanation.cause
 
 
 def test_a_cpu_run_never_claims_host_bound():

@@ -318,7 +318,8 @@ def _schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff:
     def sched(name: str, layer_tl_ms: float, compute: float, comm: float, note: str = "",
               available: bool = True) -> ScheduleEstimate:
         # one micro-batch: the overlap pairs nothing, so it runs (and issues) what none does
-        layers_ms, bound = floor_ms(layer_tl_ms, h.host_ms, name if m >= 2 else "none", m * L, excess=host_excess)
+        layers_ms, bound = floor_ms(layer_tl_ms, h.host_ms, name if m >= 2 else "none", m * L, excess=host_excess,
+                                  engine=req.a2a_engine)
         if bound:
             note = (note + "; " if note else "") + "host-bound: the step is the host's issue time"
         return ScheduleEstimate(name=name, step_ms=layers_ms + extra + bubble + other_ms, compute_ms=compute,
@@ -366,5 +367,6 @@ def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
     high = schedules(req, h, nodes, min(1.0, h.overlap_efficiency * hi_e), hi_h)
     for s, a, b in zip(out, low, high, strict=True):
         s.speedup_low, s.speedup_high = min(a.speedup, s.speedup), max(b.speedup, s.speedup)
-    host_note = host_bound_note(h.host_ms, layer_timeline(nodes, 1).serial) if h.host_ms else None
+    host_note = (host_bound_note(h.host_ms, layer_timeline(nodes, 1).serial, req.a2a_engine) if h.host_ms
+                 else None)
     return recommend(req, h, p, out, nodes, host_note)

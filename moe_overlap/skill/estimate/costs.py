@@ -70,8 +70,8 @@ BACKENDS = {
 }
 
 # (pessimistic, optimistic) multipliers of the overlap efficiency and of the host factors' excess over 1: the
-# measured ranges (NVLink efficiency -0.08..0.69 around 0.56; network 0.73..0.91; host factors 1.07-1.22 and
-# 1.08-1.30 around 1.154 / 1.180: host.py).
+# measured ranges (NVLink efficiency -0.08..0.69 around 0.56; network 0.73..0.91; NCCL host factors 1.12-1.22 and
+# 1.15-1.30 around 1.177 / 1.214, copy engines 1.07-1.15 and 1.08-1.14 around 1.109 / 1.112: host.py).
 BAND = {"efficiency": (0.5, 1.25), "host_excess": (1.9, 0.45)}
 
 

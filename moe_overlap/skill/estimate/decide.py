@@ -39,8 +39,8 @@ CHUNKED_NOTE = ("the in-layer chunked schedule is not predicted: our layer's chu
 def _wgrad_reason(req: EstimateRequest, nodes: NodeTimes, plain: ScheduleEstimate, wgrad: ScheduleEstimate) -> str:
     moved = (nodes.wgrad_b + nodes.wgrad_fixed) * req.layers * max(0, req.micro_batches - 1)
     delta = plain.step_ms - wgrad.step_ms
-    host = (f"host factor x{HOST_FACTORS['1f1b+wgrad']:g} instead of x{HOST_FACTORS['1f1b']:g} (the stored "
-            "closures)")
+    f = HOST_FACTORS[req.a2a_engine]
+    host = f"host factor x{f['1f1b+wgrad']:g} instead of x{f['1f1b']:g} (the stored closures)"
     if req.micro_batches < 2:
         return "delayed wgrad: nothing moves with one micro-batch"
     if abs(delta) <= 1e-9 * max(1.0, plain.step_ms):

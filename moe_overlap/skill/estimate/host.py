@@ -13,8 +13,13 @@ issue time: a calibration input, measured on the machine and implementation at h
 * ``none``: 1.
 * ``1f1b`` / ``1f1b+wgrad``: a layer pair issues the ops of one forward and one backward, plus the pairing's
   bookkeeping (events, stream switches, the deferred wgrad's closures). Factors: the pair row's ``host_ms`` over
-  the no-overlap row's, mean over the three shapes of the three two-H200 runs in FACTOR_FILES (NCCL, copy
-  engines, NCCL again; ``benchmarks/gpu/ep_overlap.py``'s host issue time per call, median, no profiler).
+  the no-overlap row's, mean over the three shapes of the two-H200 runs in FACTOR_FILES
+  (``benchmarks/gpu/ep_overlap.py``'s host issue time per call, median, no profiler), one pair of factors per
+  all-to-all engine. They differ by engine because the no-overlap layer's host time does: over copy engines the
+  plain layer already issues the per-peer copies and the events that order them (its ``host_ms`` is 0.2-0.7 ms
+  above NCCL's in the same calls), which the interleaved pair does not add again; an SM-driven all-to-all (NCCL,
+  DeepEP, HybridEP) is one launch, so the pairing's bookkeeping is the whole excess. Every copy-engine factor
+  of the three files is below every NCCL one at the same shape.
 * ``chunked`` with C chunks: 1 + CHUNK_HOST_SHARE x (C - 1): each extra chunk re-issues the expert and
   all-to-all part of the layer. The share is the median of (host chunked:C / host none - 1) / (C - 1) over the
   same rows, C = 2 and 4.
@@ -25,31 +30,35 @@ implementation and the CPU, and a default measured on ours would be wrong for Me
 
 from __future__ import annotations
 
-FACTOR_FILES = tuple(f"benchmarks/results/h200x2_2026-11-29_r3/ep_overlap_cuda_r2{s}.json" for s in ("", "_ce", "_repeat"))
-HOST_FACTORS = {"none": 1.0, "1f1b": 1.154, "1f1b+wgrad": 1.180}  # recomputed from FACTOR_FILES by a unit test
+_R3 = "benchmarks/results/h200x2_2026-11-29_r3/ep_overlap_cuda_r2"
+# the runs each engine's factors are the mean of (NCCL twice, copy engines once): recomputed by a unit test
+ENGINE_FILES = {"sm": (f"{_R3}.json", f"{_R3}_repeat.json"), "copy-engine": (f"{_R3}_ce.json",)}
+FACTOR_FILES = tuple(f for files in ENGINE_FILES.values() for f in files)
+HOST_FACTORS = {"sm": {"none": 1.0, "1f1b": 1.177, "1f1b+wgrad": 1.214},
+                "copy-engine": {"none": 1.0, "1f1b": 1.109, "1f1b+wgrad": 1.112}}
 CHUNK_HOST_SHARE = 0.54  # recomputed from FACTOR_FILES by a unit test
 HOST_BOUND_SHARE = 0.95  # host time >= 95% of the no-overlap GPU timeline: the host sets the pace
 
 
-def host_factor(schedule: str, chunks: int = 1, excess: float = 1.0) -> float:
-    """Host time of one layer (pair) in `schedule` over the no-overlap layer's host time; `excess` scales the
-    part above 1 (the estimator's uncertainty band)."""
+def host_factor(schedule: str, chunks: int = 1, excess: float = 1.0, engine: str = "sm") -> float:
+    """Host time of one layer (pair) in `schedule` over the no-overlap layer's host time, with the all-to-all
+    moved by `engine` ("sm" or "copy-engine"); `excess` scales the part above 1 (the uncertainty band)."""
     if schedule == "chunked":
         return 1.0 + CHUNK_HOST_SHARE * (chunks - 1) * excess
-    return 1.0 + (HOST_FACTORS[schedule] - 1.0) * excess
+    return 1.0 + (HOST_FACTORS[engine][schedule] - 1.0) * excess
 
 
 def floor_ms(gpu_ms: float, host_ms_per_layer: float | None, schedule: str, layer_steps: int,
-             chunks: int = 1, excess: float = 1.0) -> tuple[float, bool]:
+             chunks: int = 1, excess: float = 1.0, engine: str = "sm") -> tuple[float, bool]:
     """(step ms of the layers, host-bound?): the GPU timeline or, when larger, the schedule's host time over
     `layer_steps` = layers x micro-batches."""
     if not host_ms_per_layer:
         return gpu_ms, False
-    host = host_ms_per_layer * host_factor(schedule, chunks, excess) * layer_steps
+    host = host_ms_per_layer * host_factor(schedule, chunks, excess, engine) * layer_steps
     return (host, True) if host > gpu_ms else (gpu_ms, False)
 
 
-def host_bound_note(host_ms_per_layer: float, gpu_none_ms_per_layer: float) -> str | None:
+def host_bound_note(host_ms_per_layer: float, gpu_none_ms_per_layer: float, engine: str = "sm") -> str | None:
     """The reason to print when the no-overlap layer is host-bound, else None."""
     if gpu_none_ms_per_layer <= 0 or host_ms_per_layer < HOST_BOUND_SHARE * gpu_none_ms_per_layer:
         return None
@@ -57,5 +66,5 @@ def host_bound_note(host_ms_per_layer: float, gpu_none_ms_per_layer: float) -> s
             f"forward + backward, {host_ms_per_layer / gpu_none_ms_per_layer:.0%} of its "
             f"{gpu_none_ms_per_layer:.3f} ms of GPU work without overlap; overlapping streams shortens the GPU "
             "timeline, not the host's, and every overlap schedule issues more host work (1f1b "
-            f"x{HOST_FACTORS['1f1b']:.3f}, chunked +{CHUNK_HOST_SHARE:.0%} per extra chunk). Cut host work "
+            f"x{HOST_FACTORS[engine]['1f1b']:.3f}, chunked +{CHUNK_HOST_SHARE:.0%} per extra chunk). Cut host work "
             "first (CUDA graphs, fewer small ops, larger micro-batches)")

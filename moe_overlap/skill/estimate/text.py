@@ -42,7 +42,8 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
         "1f1b: Megatron-Core's pairing (forward of micro-batch k+1 with backward of k, forward layer i with "
         "backward layer L-1-i, first forward and last backward alone); all layers identical",
         "1f1b+wgrad: the backward dispatch waits only for dgrad; expert wgrad runs beside it; its host work is "
-        "x1.180 of none's instead of x1.154 (host.py)",
+        "x1.214 of none's instead of x1.177 with an SM-driven all-to-all, x1.112 instead of x1.109 over copy engines "
+        "(host.py)",
         f"dispatcher {req.dispatcher}; all-to-all moved by {req.a2a_engine}"
         + (f"; CUDA_DEVICE_MAX_CONNECTIONS={req.cuda_device_max_connections}"
            if req.cuda_device_max_connections else "; CUDA_DEVICE_MAX_CONNECTIONS not given (assumed > 1)"),
@@ -66,9 +67,10 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
     if h.host_ms:
         from moe_overlap.skill.estimate.host import CHUNK_HOST_SHARE, FACTOR_FILES, HOST_FACTORS
 
+        f = HOST_FACTORS[req.a2a_engine]
         out.append(f"host floor: each schedule takes at least the host's issue time, {h.host_ms:g} ms per layer "
-                   f"and micro-batch without overlap, x{HOST_FACTORS['1f1b']:g} for a 1f1b pair "
-                   f"(x{HOST_FACTORS['1f1b+wgrad']:g} with delayed wgrad; measured on two H200s, "
+                   f"and micro-batch without overlap, x{f['1f1b']:g} for a 1f1b pair "
+                   f"(x{f['1f1b+wgrad']:g} with delayed wgrad, all-to-all by {req.a2a_engine}; measured on two H200s, "
                    f"{FACTOR_FILES[0].rsplit('/', 1)[0]}), "
                    f"+{CHUNK_HOST_SHARE:g} per extra chunk")
     else:

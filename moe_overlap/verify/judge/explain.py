@@ -138,8 +138,9 @@ def _host_bound_cause(rows: list[ModeBreakdown], prediction: Prediction | None, 
     from moe_overlap.skill.estimate.host import host_factor
 
     name = _estimator_name(modes[0], specs)
+    engine = (prediction.request or {}).get("a2a_engine", "sm")
     return (f"host-bound: overlap cannot help {', '.join(modes)}. The host takes {prediction.host_ms:.3f} ms to "
-            f"issue one layer's forward + backward, x{host_factor(name, 1):.3f} with {name}, longer than that "
+            f"issue one layer's forward + backward, x{host_factor(name, 1, engine=engine):.3f} with {name}, longer than that "
             "schedule's GPU timeline, so the estimator's step is the host's issue time. Cut host work first "
             "(CUDA graphs, fewer small ops, larger micro-batches)")
 
