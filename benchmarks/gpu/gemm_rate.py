@@ -3,6 +3,7 @@
 
     python benchmarks/gpu/gemm_rate.py --device cuda --out $OUT/gemm_rate.json     # on the lent GPU (one call)
     python benchmarks/gpu/gemm_rate.py --device cpu                                # tiny shapes, seconds
+    python benchmarks/gpu/gemm_rate.py --device cuda --sm-margins 2 8 16 32       # also under each SM carve-out
 
 What one iteration runs: the six grouped GEMMs of an expert forward + backward, exactly as
 benchmarks/gpu/gpu_layer.py's raw-GEMM section (``gpu_sections.expert_gemms``): forward x@w1 [S, 2F] and
@@ -11,6 +12,10 @@ groups (every local expert gets S/L rows), offsets built once. No SwiGLU, no aut
 Timing on CUDA: common/timing.py's cuda_time (warm-up, then CUDA events between back-to-back iterations),
 median of --iters (>= 20); on CPU: wall clock per iteration, median (the loop path where the device
 lacks ``torch._grouped_mm``; CPU numbers say nothing about a GPU).
+
+``--sm-margins``: the same six GEMMs again with the expert GEMMs leaving m SMs free (``ep/sm_margin.py``'s
+``gemm_sm_margin``, what a 1F1B layer pair sets around its expert nodes), one median per margin, alone on the
+GPU (no all-to-all beside them): what the margin itself costs the GEMMs (the estimator's ``sm_margin`` input).
 
 Why: the estimator (moe_overlap/skill/estimate) needs the expert GEMM rate at the shape a rank
 actually runs. The DeepSeek-V3 proxy anchor (Megatron-LM moe_perf baseline, 8xH100, EP8) runs 4 local
@@ -55,6 +60,10 @@ SHAPES = {
                       about="our qwen3-30b-a3b preset at EP 2"),
     "deepseek-v3-ep2": dict(experts=128, rows=256, hidden=7168, ffn=2048,
                             about="our deepseek-v3 preset at EP 2 (256 experts)"),
+    "balanced-ffn30080-ep2": dict(experts=8, rows=2048, hidden=2048, ffn=30080,
+                                  about="ep_overlap.py --preset balanced --ffn 30080 at EP 2 (emulated-link runs)"),
+    "balanced-ffn14208-ep2": dict(experts=8, rows=2048, hidden=2048, ffn=14208,
+                                  about="ep_overlap.py --preset balanced --ffn 14208 at EP 2 (emulated-link runs)"),
 }
 CPU_SHAPES = {
     "tiny-a": dict(experts=4, rows=32, hidden=64, ffn=32, about="CPU smoke shape"),
@@ -78,8 +87,10 @@ def _cpu_time(fn, warmup: int, iters: int) -> dict:
     return {"median_ms": statistics.median(ms), "min_ms": min(ms), "iters": iters}
 
 
-def measure(shape: dict, device: str, iters: int, warmup: int, dtype=torch.bfloat16) -> dict:
-    """One shape: median ms of the six GEMMs and the rate in TFLOP/s."""
+def measure(shape: dict, device: str, iters: int, warmup: int, dtype=torch.bfloat16,
+            margins: tuple[int, ...] = ()) -> dict:
+    """One shape: median ms of the six GEMMs and the rate in TFLOP/s; with `margins`, the median under each SM
+    carve-out too (`sm_margin`: {m: {median_ms, slowdown}}, slowdown = that median over the plain one)."""
     from moe_overlap.ep.experts import grouped_mm_supported
 
     L, R, D, F = shape["experts"], shape["rows"], shape["hidden"], shape["ffn"]
@@ -98,10 +109,26 @@ def measure(shape: dict, device: str, iters: int, warmup: int, dtype=torch.bfloa
     def fn():
         expert_gemms(x, a, dy, dh, w1, w2, offs, counts, path)  # results dropped: each call allocates anew
 
-    t = cuda_time(fn, warmup=warmup, iters=iters) if device == "cuda" else _cpu_time(fn, warmup, iters)
-    return {"shape": shape, "rows_total": S, "flops": flops(shape), "path": path, "dtype": str(dtype),
-            "median_ms": round(t["median_ms"], 4), "min_ms": round(t["min_ms"], 4), "iters": t["iters"],
-            "tflops": float(f"{flops(shape) / (t['median_ms'] * 1e-3) / 1e12:.4g}")}
+    def timed():
+        return cuda_time(fn, warmup=warmup, iters=iters) if device == "cuda" else _cpu_time(fn, warmup, iters)
+
+    t = timed()
+    out = {"shape": shape, "rows_total": S, "flops": flops(shape), "path": path, "dtype": str(dtype),
+           "median_ms": round(t["median_ms"], 4), "min_ms": round(t["min_ms"], 4), "iters": t["iters"],
+           "tflops": float(f"{flops(shape) / (t['median_ms'] * 1e-3) / 1e12:.4g}")}
+    if margins:
+        from moe_overlap.ep.sm_margin import available, gemm_sm_margin
+
+        out["sm_margin"] = {}
+        for m in margins:
+            with gemm_sm_margin(m, torch.device(device)):
+                tm = timed()
+            out["sm_margin"][str(m)] = {"median_ms": round(tm["median_ms"], 4),
+                                        "slowdown": round(tm["median_ms"] / t["median_ms"], 4)}
+        out["sm_margin_applied"] = device == "cuda" and available()  # elsewhere gemm_sm_margin changes nothing
+        # the plain GEMMs once more after the margins: how far two medians of the same thing differ here
+        out["median_ms_repeat"] = round(timed()["median_ms"], 4)
+    return out
 
 
 def markdown(res: dict) -> str:
@@ -111,6 +138,9 @@ def markdown(res: dict) -> str:
         s = r["shape"]
         lines.append(f"| {name} | {s['experts']} x {s['rows']} | {s['hidden']} | {s['ffn']} | {r['path']} | "
                      f"{r['median_ms']:.3f} | {r['min_ms']:.3f} | {r['tflops']:.4g} |")
+        if r.get("sm_margin"):
+            lines.append("|  SM margin slowdown: " + ", ".join(f"{m}: x{v['slowdown']:.3f}" for m, v in
+                                                                 r["sm_margin"].items()) + " | | | | | | | |")
     dense = res.get("ceilings")
     if dense:
         lines += ["", f"dense bf16 matmul 8192^3, same run: {dense['matmul_bf16_tflops']} TFLOP/s; copy {dense['copy_GBps']} GB/s"]
@@ -125,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=MIN_ITERS, help=f"timed iterations, median (>= {MIN_ITERS})")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    ap.add_argument("--sm-margins", type=int, nargs="*", default=[],
+                    help="also time the GEMMs leaving each of these SM counts free (ep/sm_margin.py)")
     a = ap.parse_args(argv)
     table = SHAPES if a.device == "cuda" else {**CPU_SHAPES, **SHAPES}
     names = a.shapes or list(SHAPES if a.device == "cuda" else CPU_SHAPES)
@@ -134,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if a.iters < MIN_ITERS:
         print(f"error: --iters {a.iters}: a median needs at least {MIN_ITERS}; raise --iters", file=sys.stderr)
+        return 2
+    if any(m <= 0 for m in a.sm_margins):
+        print("error: --sm-margins: each margin must be an int > 0 (0 is the plain row)", file=sys.stderr)
         return 2
     if a.warmup < 0:
         print("error: --warmup must be >= 0", file=sys.stderr)
@@ -157,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda":
         res["ceilings"] = ceilings()
     for name in names:
-        res["shapes"][name] = measure(table[name], a.device, a.iters, a.warmup)
+        res["shapes"][name] = measure(table[name], a.device, a.iters, a.warmup, margins=tuple(a.sm_margins))
         if a.device == "cuda":
             torch.cuda.empty_cache()
         print(f"[{name}] {res['shapes'][name]['tflops']} TFLOP/s", file=sys.stderr, flush=True)
