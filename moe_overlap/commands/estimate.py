@@ -16,7 +16,7 @@ _FIELDS = {
     "chunks": "chunks", "overlap_efficiency": "overlap_efficiency", "model": "model", "seq_length": "seq_length",
     "hbm_efficiency": "hbm_efficiency", "hbm_gbps": "hbm_gbps", "global_batch": "global_batch",
     "micro_batch_size": "micro_batch_size", "dp": "dp", "dispatcher": "dispatcher",
-    "cuda_device_max_connections": "cuda_device_max_connections", "a2a_engine": "a2a_engine",
+    "cuda_device_max_connections": "cuda_device_max_connections", "a2a_engine": "a2a_engine", "sm_margin": "sm_margin",
     "recompute": "recompute", "pp": "pp", "vpp": "vpp",
     "baseline_step_ms": "baseline_step_ms", "ep_stride": "ep_stride", "cuda_graph_scope": "cuda_graph_scope",
 }
@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--cuda-graph-scope", nargs="+", choices=["full_iteration", "attn", "mlp", "moe", "moe_router",
                    "moe_preprocess", "mamba"], help="Megatron-Core's --cuda-graph-scope: graphed parts issue a "
                    "fraction of their host ops")
+    h.add_argument("--sm-margin", type=int, help="SMs the expert GEMMs of a 1f1b layer pair leave to the all-to-all "
+                   "kernels beside them (our layer's verify --sm-margin; default 0): the GEMMs' measured slowdown, and "
+                   "no stall of an SM-driven all-to-all beside them")
     h.add_argument("--a2a-engine", choices=["sm", "copy-engine"], help="what moves the all-to-all bytes "
                    "(default sm: NCCL, DeepEP, HybridEP kernels)")
     h.add_argument("--intra-gbps", type=float, help="intra-node GB/s per GPU per direction")

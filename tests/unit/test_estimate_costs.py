@@ -90,3 +90,47 @@ def test_delayed_wgrad_cost_is_fitted_on_the_named_rows():
     assert len(pairs) == 20
     # the predicted median 1f1b+wgrad / 1f1b ratio meets the measured one (a 0.01 step of the cost moves it ~0.0022)
     assert statistics.median(p for p, _ in pairs) == pytest.approx(statistics.median(m for _, m in pairs), abs=0.002)
+
+
+def test_sm_margin_slowdown_is_the_median_of_the_committed_measurement():
+    data = json.loads((ROOT / costs.SM_MARGIN_FILE).read_text(encoding="utf-8"))
+    shapes = data["shapes"].values()
+    assert len(shapes) == 7 and data["machine"]["sm_count"] == 132
+    margins = {int(m) for s in shapes for m in s["sm_margin"]}
+    assert set(costs.SM_MARGIN_SLOWDOWN) == margins | {0}
+    for m in margins:
+        med = statistics.median(s["sm_margin"][str(m)]["slowdown"] for s in shapes)
+        assert costs.SM_MARGIN_SLOWDOWN[m] == pytest.approx(med, abs=5e-4)
+    assert costs.gemm_margin_slowdown(4) == pytest.approx((costs.SM_MARGIN_SLOWDOWN[2] + costs.SM_MARGIN_SLOWDOWN[8])
+                                                          / 2 - (costs.SM_MARGIN_SLOWDOWN[8] - costs.SM_MARGIN_SLOWDOWN[2]) / 6)
+
+
+NET = dict(hidden=2048, moe_ffn=14208, experts=16, topk=8, tokens=2048, ep=2, micro_batches=16, gpus_per_node=1,
+           fabric="h200-nvlink+ib-400g", inter_gbps=5.0, gpu_preset="h200", megatron_host=False)  # a slow link, as emulated
+
+
+def test_sm_margin_frees_a_network_all_to_all_and_costs_the_gemms():
+    plain = estimate_overlap_benefit(parse_request(NET))
+    margin = estimate_overlap_benefit(parse_request(dict(NET, sm_margin=8)))
+    assert plain.hardware.overlap_efficiency == pytest.approx(hardware.NETWORK_OVERLAP_EFFICIENCY)
+    assert margin.hardware.overlap_efficiency == pytest.approx(costs.COPY_ENGINE_OVERLAP_EFFICIENCY)
+    assert "SM margin 8" in margin.hardware.efficiency_source
+    p, m = ({s.name: s for s in r.schedules} for r in (plain, margin))
+    assert m["none"].step_ms == pytest.approx(p["none"].step_ms)  # the sequential schedule never sets it
+    assert m["1f1b"].speedup > p["1f1b"].speedup
+    assert any(a.startswith("SM margin 8") for a in margin.assumptions)
+
+
+def test_sm_margin_beside_copy_engines_only_costs():
+    base = dict(NET, gpus_per_node=8, fabric="h200-nvlink", a2a_engine="copy-engine")
+    p = {s.name: s for s in estimate_overlap_benefit(parse_request(base)).schedules}
+    m = {s.name: s for s in estimate_overlap_benefit(parse_request(dict(base, sm_margin=32))).schedules}
+    assert m["1f1b"].step_ms > p["1f1b"].step_ms and m["none"].step_ms == pytest.approx(p["none"].step_ms)
+
+
+def test_sm_margin_past_the_measurement_names_the_field_and_the_fix():
+    from moe_overlap.skill.estimate.api import EstimateError
+
+    with pytest.raises(EstimateError) as exc:
+        parse_request(dict(NET, sm_margin=40))
+    assert exc.value.field == "sm_margin" and "gemm_rate.py" in exc.value.fix

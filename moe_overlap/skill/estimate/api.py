@@ -65,6 +65,13 @@ def check_request(req: EstimateRequest) -> EstimateRequest:
     if req.topk > req.experts:
         raise EstimateError("topk", f"top-k {req.topk} is larger than the number of experts {req.experts}",
                             "set topk <= experts")
+    if req.sm_margin:
+        try:
+            costs.gemm_margin_slowdown(req.sm_margin)
+        except ValueError as exc:
+            raise EstimateError("sm_margin", f"{req.sm_margin}: the GEMMs' cost of a margin is {exc}",
+                                "give 0-32, or time the GEMMs at that margin (python benchmarks/gpu/gemm_rate.py "
+                                "--device cuda --sm-margins N)") from None
     if req.experts % req.ep:
         raise EstimateError("ep", f"EP {req.ep} does not divide the {req.experts} experts",
                             "choose an EP degree that divides experts (rule ep-divides-experts)")
@@ -192,7 +199,8 @@ def _overlap_efficiency(req: EstimateRequest, intra: hw.LinkPreset | None, inter
     if req.overlap_efficiency is None:
         eff, why = costs.overlap_efficiency(out["overlap_efficiency"], multi_node=multi_node,
                                             backend=req.dispatcher, a2a_engine=req.a2a_engine,
-                                            max_connections=req.cuda_device_max_connections)
+                                            max_connections=req.cuda_device_max_connections,
+                                            sm_margin=req.sm_margin)
         if why:
             out = {"overlap_efficiency": eff, "efficiency_source": out["efficiency_source"] + "; " + why}
     return out
@@ -296,19 +304,27 @@ def _recompute_ms(n: NodeTimes) -> float:
     return n.pre_f + n.mlp_f + n.post_f + 2 * (n.a2a + n.a2a_latency)
 
 
+def pair_nodes(p: PerLayer, sm_margin: int) -> NodeTimes | None:
+    """The nodes of a 1f1b layer pair when its expert GEMMs leave `sm_margin` SMs free (their measured slowdown on
+    the forward, dgrad and wgrad GEMMs); None without a margin (the pair runs the plain nodes)."""
+    if not sm_margin:
+        return None
+    return _nodes(p.model_copy(update={"expert_fwd_ms": p.expert_fwd_ms * costs.gemm_margin_slowdown(sm_margin)}))
+
+
 def schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff: float,
-              host_excess: float = 1.0) -> list[ScheduleEstimate]:
+              host_excess: float = 1.0, pair: NodeTimes | None = None) -> list[ScheduleEstimate]:
     """none, 1f1b and 1f1b+wgrad at overlap efficiency `eff` and host factors' excess scaled by `host_excess`;
     with baseline_step_ms, what the model leaves out of the measured no-overlap step is added to each."""
-    out = _schedules(req, h, nodes, eff, host_excess, req.other_ms)
+    out = _schedules(req, h, nodes, eff, host_excess, req.other_ms, pair)
     if req.baseline_step_ms is not None:
         rest = max(0.0, req.baseline_step_ms - out[0].step_ms)
-        out = _schedules(req, h, nodes, eff, host_excess, req.other_ms + rest)
+        out = _schedules(req, h, nodes, eff, host_excess, req.other_ms + rest, pair)
     return out
 
 
 def _schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff: float, host_excess: float,
-               other_ms: float) -> list[ScheduleEstimate]:
+               other_ms: float, pair: NodeTimes | None = None) -> list[ScheduleEstimate]:
     m, L = req.micro_batches, req.layers
     extra = _recompute_ms(nodes) * m * L if req.recompute == "full" else 0.0
     none_tl = layer_timeline(nodes, 1)
@@ -329,7 +345,7 @@ def _schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff:
     out = [sched("none", none_tl.serial * m * L, none_tl.busy["compute"] * m * L, none_tl.busy["comm"] * m * L)]
     for name, delay in (("1f1b", False), ("1f1b+wgrad", True)):
         try:
-            tl = one_f_one_b_timeline(nodes, L, m, delay, wgrad_delay_cost=costs.DELAYED_WGRAD_COST)
+            tl = one_f_one_b_timeline(nodes, L, m, delay, wgrad_delay_cost=costs.DELAYED_WGRAD_COST, pair=pair)
         except TimelineTooLong as exc:
             raise EstimateError("micro_batches", str(exc), "give fewer layers or micro-batches") from None
         note = ("needs >= 2 micro-batches (warning single-micro-batch): same as none" if m < 2 else
@@ -360,11 +376,12 @@ def estimate_overlap_benefit(req: EstimateRequest) -> EstimateResult:
     h = _hardware(req, multi_node)
     p = _per_layer(req, h)
     nodes = _nodes(p)
-    out = schedules(req, h, nodes, h.overlap_efficiency)
+    pair = pair_nodes(p, req.sm_margin)
+    out = schedules(req, h, nodes, h.overlap_efficiency, pair=pair)
     lo_e, hi_e = costs.BAND["efficiency"]
     lo_h, hi_h = costs.BAND["host_excess"]
-    low = schedules(req, h, nodes, h.overlap_efficiency * lo_e, lo_h)
-    high = schedules(req, h, nodes, min(1.0, h.overlap_efficiency * hi_e), hi_h)
+    low = schedules(req, h, nodes, h.overlap_efficiency * lo_e, lo_h, pair=pair)
+    high = schedules(req, h, nodes, min(1.0, h.overlap_efficiency * hi_e), hi_h, pair=pair)
     for s, a, b in zip(out, low, high, strict=True):
         s.speedup_low, s.speedup_high = min(a.speedup, s.speedup), max(b.speedup, s.speedup)
     host_note = (host_bound_note(h.host_ms, layer_timeline(nodes, 1).serial, req.a2a_engine) if h.host_ms

@@ -32,6 +32,15 @@ COPY_ENGINE_SOURCE = ("copy-engine all-to-all on two H200s, median of three shap
                       "(benchmarks/results/h200x2_2026-11-29/ep_overlap_cuda_r2_ce.json)")
 SINGLE_QUEUE_FACTOR = 0.5
 
+# SM margin (our layer's `--sm-margin`, ep/sm_margin.py): in a 1F1B layer pair the expert GEMMs beside an in-flight
+# all-to-all leave m SMs free. What it removes: the persistent grouped GEMM's second wave beside an SM-driven
+# all-to-all (its kernels already hold SMs), so the overlap is contention-free, as over copy engines
+# (COPY_ENGINE_OVERLAP_EFFICIENCY: an argument, the all-to-all takes no SM from the GEMMs either way). What it costs:
+# the GEMMs on S - m SMs, measured alone (no all-to-all beside them) on one H200 at seven per-rank shapes: the median
+# slowdown per margin (SM_MARGIN_FILE; tests/unit/test_estimate_costs.py recomputes it), linear in between.
+SM_MARGIN_FILE = "benchmarks/results/h200_2026-12-02_checks/gemm_rate_sm_margin.json"
+SM_MARGIN_SLOWDOWN = {0: 1.0, 2: 1.007, 8: 1.042, 16: 1.069, 24: 1.109, 32: 1.157}
+
 # Delayed wgrad's GPU cost: the deferred expert wgrad GEMMs re-read their stored inputs from HBM (no longer in L2)
 # and run beside the backward dispatch (an SM-driven all-to-all takes SMs, a copy-engine one HBM bandwidth), so the
 # delayed pass takes (1 + this) of its time. Fitted once: the value whose predicted 1f1b+wgrad / 1f1b step ratio
@@ -119,13 +128,30 @@ def host_source(experts: int, ep: int, graph_scope: list[str] | None = None) -> 
             " give host_ms to use a measured one)")
 
 
+def gemm_margin_slowdown(margin: int) -> float:
+    """The expert GEMMs' time on SMs - `margin` SMs over their time on all (SM_MARGIN_SLOWDOWN, linear between the
+    measured margins); ValueError past the largest measured one."""
+    points = sorted(SM_MARGIN_SLOWDOWN.items())
+    if margin > points[-1][0]:
+        raise ValueError(f"measured up to {points[-1][0]} SMs")
+    for (m0, s0), (m1, s1) in zip(points, points[1:], strict=False):
+        if m0 <= margin <= m1:
+            return s0 + (s1 - s0) * (margin - m0) / (m1 - m0)
+    return 1.0
+
+
 def overlap_efficiency(base: float, *, multi_node: bool, backend: str, a2a_engine: str,
-                       max_connections: int | None) -> tuple[float, str]:
-    """The overlap efficiency after what moves the bytes and the hardware queues; and why."""
+                       max_connections: int | None, sm_margin: int = 0) -> tuple[float, str]:
+    """The overlap efficiency after what moves the bytes, the GEMMs' SM margin and the hardware queues; and why."""
     eff, why = base, []
-    if not multi_node and (a2a_engine == "copy-engine" or BACKENDS[backend].copy_like):
+    sm_driven = not (a2a_engine == "copy-engine" or BACKENDS[backend].copy_like)
+    if not multi_node and not sm_driven:
         eff = COPY_ENGINE_OVERLAP_EFFICIENCY
         why.append(f"bytes moved without the GEMMs' SMs: {eff:g} ({COPY_ENGINE_SOURCE})")
+    elif sm_margin and sm_driven:
+        eff = COPY_ENGINE_OVERLAP_EFFICIENCY
+        why.append(f"SM margin {sm_margin}: the all-to-all kernels keep SMs of their own beside the GEMMs (no second "
+                   f"wave, ep/sm_margin.py), so the overlap is the contention-free copy-engine one: {eff:g}")
     if max_connections == 1:
         eff *= SINGLE_QUEUE_FACTOR
         why.append(f"CUDA_DEVICE_MAX_CONNECTIONS=1: one hardware queue, efficiency x {SINGLE_QUEUE_FACTOR:g}")

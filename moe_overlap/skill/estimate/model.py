@@ -117,6 +117,10 @@ class EstimateRequest(BaseModel):
                                                       "host ops (skill/estimate/costs.py)")
     a2a_engine: Literal["sm", "copy-engine"] = Field("sm", description="what moves the all-to-all bytes: SM "
                                                      "kernels (NCCL, DeepEP, HybridEP) or copy engines")
+    sm_margin: int = Field(0, ge=0, le=1024, description="SMs the expert GEMMs of a 1f1b layer pair leave to the "
+                           "all-to-all kernels beside them (our layer's --sm-margin; 0: off): the GEMMs run on fewer "
+                           "SMs (measured slowdown), an SM-driven all-to-all beside them no longer stalls them "
+                           "(skill/estimate/costs.py)")
     pp: int = Field(1, gt=0, le=MAX_LAYERS, description="pipeline-parallel size: its bubble, (pp - 1) / (vpp x "
                     "micro_batches) of the layers' time, is added to every schedule, never hidden")
     vpp: int = Field(1, gt=0, le=MAX_LAYERS, description="virtual pipeline stages per rank (interleaved schedule)")

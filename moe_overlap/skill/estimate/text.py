@@ -36,6 +36,10 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
          f"attention forward from {req.model}'s shape: its FLOPs at {h.dense_tflops:g} TFLOP/s (sequence "
          f"{req.seq_length or req.tokens}, causal), backward twice that"),
         "the forward dispatch first exchanges token counts (one more all-to-all latency)",
+        *([f"SM margin {req.sm_margin}: the expert GEMMs of each 1f1b layer pair run on {req.sm_margin} SMs fewer, "
+           f"x{_margin(req.sm_margin):.3f} their time (measured alone on one H200, skill/estimate/costs.py "
+           "SM_MARGIN_FILE); the lone first forward and last backward and none keep every SM"]
+          if req.sm_margin else []),
         f"overlap efficiency {h.overlap_efficiency:.2f} ({h.efficiency_source}): step = serial - efficiency x "
         "(serial - ideal two-stream makespan); 1.0 means communication never slows compute, 0 that nothing "
         "overlaps (an SM-driven all-to-all beside compute-bound GEMMs)",
@@ -77,6 +81,12 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
         out.append("no host floor (host_ms not given): the host is assumed to issue work faster than the GPU runs "
                    "it; a host-bound layer (small experts, fast links) gains less than predicted")
     return out
+
+
+def _margin(sm_margin: int) -> float:
+    from moe_overlap.skill.estimate.costs import gemm_margin_slowdown
+
+    return gemm_margin_slowdown(sm_margin)
 
 
 def _mem_rates(h: ResolvedHardware) -> str:

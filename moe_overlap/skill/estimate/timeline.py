@@ -114,7 +114,8 @@ def layer_timeline(n: NodeTimes, chunks: int = 1, chunk_backward: bool = True) -
 
 
 def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wgrad: bool, *,
-                         extrapolate: bool = True, wgrad_delay_cost: float = 0.0) -> Timeline:
+                         extrapolate: bool = True, wgrad_delay_cost: float = 0.0,
+                         pair: NodeTimes | None = None) -> Timeline:
     """Megatron-Core's cross-micro-batch overlap (model_chunk_schedule_plan.py) for a stack of identical layers.
 
     Forward of micro-batch k+1 runs with backward of micro-batch k, forward layer i paired with backward
@@ -127,7 +128,11 @@ def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wg
     resources' free times, the last forward and backward finish) moves by the same amount in every component
     over some period of micro-batches, every later period moves by that amount too; the rest is added in one
     step (`extrapolate=False` runs every micro-batch, for the test that both agree).
+
+    `pair`: the node times inside a layer pair where they differ from the lone forward / backward (the expert
+    GEMMs on fewer SMs with an SM margin); None: the same.
     """
+    p = pair or n
     tl = Timeline()
     a2a = n.a2a + n.a2a_latency
     t = 0.0
@@ -136,25 +141,25 @@ def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wg
     f_done, b_grad = t, t
     # the delayed wgrad pass takes (1 + wgrad_delay_cost) of its time: it re-reads its stored inputs and runs
     # beside the backward dispatch (skill/estimate/costs.py, DELAYED_WGRAD_COST)
-    late_wgrad = (n.wgrad_b + n.wgrad_fixed) * (1.0 + wgrad_delay_cost)
+    late_wgrad = (p.wgrad_b + p.wgrad_fixed) * (1.0 + wgrad_delay_cost)
 
     def pair_loop(f_done: float, b_grad: float) -> tuple[float, float]:
         for _ in range(layers):
-            b_post = tl.add("compute", n.post_b, b_grad)
+            b_post = tl.add("compute", p.post_b, b_grad)
             b_comb = tl.add("comm", a2a, b_post)
-            f_pre = tl.add("compute", n.pre_f, f_done)
+            f_pre = tl.add("compute", p.pre_f, f_done)
             if delay_wgrad:
-                b_d = tl.add("compute", n.dgrad_b, b_comb)
+                b_d = tl.add("compute", p.dgrad_b, b_comb)
                 tl.add("compute", late_wgrad, b_d)
             else:
-                b_d = tl.add("compute", n.dgrad_b + n.wgrad_b + n.wgrad_fixed, b_comb)
-            f_cnt = tl.add("comm", n.count_exchange, f_pre)
+                b_d = tl.add("compute", p.dgrad_b + p.wgrad_b + p.wgrad_fixed, b_comb)
+            f_cnt = tl.add("comm", p.count_exchange, f_pre)
             f_disp = tl.add("comm", a2a, f_cnt)
             b_disp = tl.add("comm", a2a, b_d)
-            f_mlp = tl.add("compute", n.mlp_f, f_disp)
+            f_mlp = tl.add("compute", p.mlp_f, f_disp)
             f_comb = tl.add("comm", a2a, f_mlp)
-            b_grad = tl.add("compute", n.pre_b, b_disp)
-            f_done = tl.add("compute", n.post_f, f_comb)
+            b_grad = tl.add("compute", p.pre_b, b_disp)
+            f_done = tl.add("compute", p.post_f, f_comb)
         return f_done, b_grad
 
     history: list[tuple[float, ...]] = []
