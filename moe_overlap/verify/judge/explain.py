@@ -20,6 +20,7 @@ from moe_overlap.verify.judge.analysis_model import (
     ModeBreakdown,
     Prediction,
     StepPieces,
+    hidden_share,
 )
 from moe_overlap.verify.judge.report_model import Criterion, ModeRun
 from moe_overlap.verify.judge.throughput import WARMUP_STEPS
@@ -71,8 +72,7 @@ def _breakdown(runs: list[ModeRun], comparisons: dict[str, dict[str, Any]], piec
         if step is not None and compute is not None and comm is not None:
             row.exposed_comm_s = max(0.0, step - compute)
             row.hidden_comm_s = max(0.0, comm - row.exposed_comm_s)
-            shorter = min(compute, comm)
-            row.overlap_efficiency = round((compute + comm - step) / shorter, 3) if shorter > 0 else None
+            row.overlap_efficiency, row.gain_beyond_comm_s = hidden_share(step, compute, comm)
         out.append(row)
     return out
 
