@@ -41,6 +41,12 @@ def test_a_two_rank_run_is_submitted_tracked_and_judged(slurm, tmp_path, monkeyp
     assert report["verdict"] == "throughput-not-judged"
     assert report["cluster_job"]["job_id"] == job_id and report["cluster_job"]["state"] == "COMPLETED"
     assert report["cluster_job"]["nodes"] == [slurm] and report["cluster_job"]["exit_code"] == "0:0"
+    # judged again from the folder alone: the job it records (cluster_job.json) stays in the report
+    again = subprocess.run([sys.executable, "-m", "moe_overlap.cli", "verify", "--judge", str(out)],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert assert_report_valid(out)["cluster_job"] == report["cluster_job"]
+    assert f"Slurm job {job_id}: COMPLETED on {slurm}, exit 0:0" in again.stdout
     # the submitted script is the one --print-launch slurm prints for the same run
     submitted = (out / "job.sbatch").read_text()
     printed = subprocess.run([sys.executable, "-m", "moe_overlap.cli", "verify", *SMALL, "--steps", "2",

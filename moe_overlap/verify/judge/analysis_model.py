@@ -7,8 +7,12 @@ Definitions (docs/verify.md, "Where the time goes"), all per optimizer step, tim
                    other, so everything else it does is compute; every mode does the same compute
   exposed comm     step - compute (at least 0): the communication the mode did not hide
   hidden comm      comm - exposed comm (at least 0)
-  overlap efficiency  (compute + comm - step) / min(compute, comm): 1 = the ideal two-stream step, 0 = the
-                   serial step, below 0 = slower than doing everything one after the other
+  overlap efficiency  (compute + comm - step) / min(compute, comm), capped at 1: the share of the
+                   communication hidden; 1 = the ideal two-stream step, 0 = the serial step, below 0 = slower
+                   than doing everything one after the other
+  gain beyond comm (baseline step - step) - min(compute, comm) when positive: the step got shorter by more
+                   than hiding all of the communication could give, so the rest came from host work the
+                   overlapped order filled (or noise); None otherwise
 """
 
 from __future__ import annotations
@@ -16,6 +20,24 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+def hidden_share(step: float | None, compute: float | None, comm: float | None
+                 ) -> tuple[float | None, float | None]:
+    """(overlap efficiency, gain beyond the communication) of one mode's step (the module docstring).
+
+    The efficiency is the share of min(compute, comm) the mode hid, capped at 1: a step shorter than the
+    baseline by more than that saved host work the overlapped order filled (or noise), not hidden
+    communication, and that excess is the second value (None when the gain is within the communication)."""
+    if step is None or compute is None or comm is None:
+        return None, None
+    shorter = min(compute, comm)
+    if shorter <= 0:
+        return None, None
+    gain = compute + comm - step  # = baseline step - step
+    beyond = gain - shorter
+    # 1 ns: below any timer's resolution, so float rounding of an exact fit is not reported as a gain
+    return round(min(1.0, gain / shorter), 3), (beyond if beyond > 1e-9 else None)
 
 
 class _Model(BaseModel):
@@ -70,7 +92,13 @@ class ModeBreakdown(_Model):
     comm_s: float | None = None
     exposed_comm_s: float | None = None
     hidden_comm_s: float | None = None
-    overlap_efficiency: float | None = None
+    overlap_efficiency: float | None = Field(None, description="(compute + comm - step) / min(compute, comm), "
+                                             "capped at 1: the share of the communication hidden (1 = all of "
+                                             "it, below 0 = slower than serial); None without pieces")
+    gain_beyond_comm_s: float | None = Field(None, ge=0, description="(baseline step - step) - min(compute, comm) "
+                                             "when positive: the step got shorter by more than hiding all the "
+                                             "communication could give (host work the overlapped order filled, "
+                                             "or noise); None when the gain is within it")
     optimizer_s: float | None = Field(None, description="the optimizer update alone (median)")
     host_issue_s: float | None = Field(None, description="host issue time of the step's forward + backward "
                                        "(median, slowest rank): until the host had queued its last work, the "

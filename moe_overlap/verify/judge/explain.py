@@ -20,6 +20,7 @@ from moe_overlap.verify.judge.analysis_model import (
     ModeBreakdown,
     Prediction,
     StepPieces,
+    hidden_share,
 )
 from moe_overlap.verify.judge.report_model import Criterion, ModeRun
 from moe_overlap.verify.judge.throughput import WARMUP_STEPS
@@ -48,6 +49,15 @@ def _link_words(device: str, fabric: str, transport: str) -> str:
     return "copy engines over NVLink" if "copy engines" in transport else "NVLink (SM-driven NCCL all-to-all)"
 
 
+def a2a_engine(device: str, transport: str) -> str:
+    """The estimator's `a2a_engine` for the overlap modes' all-to-alls. report.json's environment.a2a_transport
+    reads "<asked>: <what ran> (<why>)" (verify/run/worker.py, from ep/transport.py make_transport), and what ran
+    starts with "copy engines" exactly when the modes moved their bytes with copy engines (--a2a ce, or auto on
+    one host with peer access); NCCL, gloo and the sync-free path are SM-driven (or CPU) all-to-alls."""
+    ran = transport.split(": ", 1)[-1]
+    return "copy-engine" if device == "cuda" and ran.startswith("copy engines") else "sm"
+
+
 def _breakdown(runs: list[ModeRun], comparisons: dict[str, dict[str, Any]], pieces: StepPieces | None
                ) -> list[ModeBreakdown]:
     base = next((r for r in runs if r.mode == "baseline"), None)
@@ -71,14 +81,14 @@ def _breakdown(runs: list[ModeRun], comparisons: dict[str, dict[str, Any]], piec
         if step is not None and compute is not None and comm is not None:
             row.exposed_comm_s = max(0.0, step - compute)
             row.hidden_comm_s = max(0.0, comm - row.exposed_comm_s)
-            shorter = min(compute, comm)
-            row.overlap_efficiency = round((compute + comm - step) / shorter, 3) if shorter > 0 else None
+            row.overlap_efficiency, row.gain_beyond_comm_s = hidden_share(step, compute, comm)
         out.append(row)
     return out
 
 
 def _prediction(cfg: VerifyConfig, nproc: int, backend: str, pieces: StepPieces | None,
-                rows: list[ModeBreakdown], specs: dict[str, str], device: str = "cpu") -> Prediction:
+                rows: list[ModeBreakdown], specs: dict[str, str], device: str = "cpu", transport: str = ""
+                ) -> Prediction:
     from moe_overlap.skill.estimate.api import EstimateError, estimate_overlap_benefit, parse_request
 
     if pieces is None:
@@ -102,6 +112,11 @@ def _prediction(cfg: VerifyConfig, nproc: int, backend: str, pieces: StepPieces 
                "micro_batches": cfg.micro_batches, "layers": cfg.num_layers, "gpus_per_node": nproc,
                "precision": cfg.precision, "chunks": max(2, cfg.chunks), "attn_ms": rest / (3 * layers_mb) * 1e3,
                "other_ms": optimizer * 1e3, "overhead_ms": 0.0, "calibration": cal.model_dump()}
+    if a2a_engine(device, transport) == "copy-engine":
+        # The estimator's host factors per engine (skill/estimate/host.py). Its copy-engine default efficiency
+        # would also replace the probe's, which this run measured with these very copy engines: keep the probe.
+        request["a2a_engine"] = "copy-engine"
+        request["overlap_efficiency"] = cal.overlap_efficiency
     host_ms, host_why = host_floor_input(pieces, device)
     if host_ms is not None:
         request["host_ms"] = host_ms
@@ -254,7 +269,7 @@ def build_analysis(cfg: VerifyConfig, *, nproc: int, device: str, backend: str, 
     else:
         reason = "no pieces record: the run stopped before the end of training"
     rows = _breakdown(runs, comparisons, pieces)
-    prediction = _prediction(cfg, nproc, backend, pieces, rows, schedules, device)
+    prediction = _prediction(cfg, nproc, backend, pieces, rows, schedules, device, transport)
     explanation = _explanation(rows, comparisons, pieces, cfg, nproc, device, fabric, transport,
                                _host_bound_cause(rows, prediction, schedules))
     return Analysis(available=pieces is not None, reason=reason, pieces=pieces, modes=rows, prediction=prediction,

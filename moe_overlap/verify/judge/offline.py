@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from moe_overlap.verify.judge.attribution import RankEnd, describe, error_of, first_failure, is_peer_error
-from moe_overlap.verify.judge.report_model import VerificationReport
+from moe_overlap.verify.judge.report_model import (
+    CLUSTER_JOB_FILE,
+    MAX_CLUSTER_JOB_BYTES,
+    ClusterJob,
+    VerificationReport,
+)
 from moe_overlap.verify.plan.build import (
     Plan,
     VerifyInputError,
@@ -30,6 +35,7 @@ from moe_overlap.verify.run.records import RankRecord, records_path
 from moe_overlap.verify.rundir.read import (
     MAX_RECORDS_BYTES,
     RunFolderError,
+    exists,
     folder_root,
     read_model,
     read_records,
@@ -82,6 +88,25 @@ def _records(out: Path, rank: int) -> list[dict[str, Any]]:
         raise _not_a_run_folder(out, exc.message) from None
 
 
+def _cluster_job(out: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """The batch job the folder records (OUT/cluster_job.json, verify/run/slurm_run.py), and notes: none when
+    there is no record (a local or torchrun run); a damaged one is left out of the report with a note, and the
+    run is judged all the same (the job is bookkeeping, not evidence)."""
+    if not exists(out, CLUSTER_JOB_FILE):
+        return None, []
+    try:
+        job = read_model(out, CLUSTER_JOB_FILE, ClusterJob, max_bytes=MAX_CLUSTER_JOB_BYTES, what="cluster-job record")
+    except RunFolderError as exc:
+        return None, [f"the cluster job is not named: {exc.message} (the launcher writes {CLUSTER_JOB_FILE}; "
+                      "the run itself is judged from its records)"]
+    notes = []
+    if job.state == "SUBMITTED":  # written at submission, never updated: the tracker stopped before the job ended
+        notes.append(f"{CLUSTER_JOB_FILE} records Slurm job {job.job_id} only as submitted: the process that "
+                     f"tracked it stopped before the job ended; `sacct -j {job.job_id}` (or `scontrol show job "
+                     f"{job.job_id}` within a few minutes of its end) tells how it ended")
+    return job.model_dump(), notes
+
+
 def _status(records: dict[int, list[dict[str, Any]]]) -> LaunchResult:
     """The run as its records tell it (no exit codes offline): a rank with an error of its own, else one that
     stopped without finishing and without an error (killed), else the first peer error (attribution.py)."""
@@ -107,13 +132,17 @@ def _status(records: dict[int, list[dict[str, Any]]]) -> LaunchResult:
 def judge_run_dir(out: str | Path, *, cluster_job: dict[str, Any] | None = None,
                   ended: tuple[str, str, int | None] | None = None, notes: list[str] = (), command: str | None = None) -> VerificationReport:
     """`ended` (status, message, rank): how a launcher that tracked the job saw it end (cancelled, timeout, hang),
-    which the records alone cannot tell; `cluster_job` names the batch job in the report."""
+    which the records alone cannot tell; `cluster_job` names the batch job in the report (default: what the
+    folder's cluster_job.json records, so a re-judged Slurm run keeps it)."""
     from moe_overlap.verify.api import build_report
 
     out = Path(out)
     plan = _load_plan(out)
     records = {r: _records(plan.out, r) for r in range(plan.nproc)}
     result = _status(records)
+    job_notes: list[str] = []
+    if cluster_job is None:
+        cluster_job, job_notes = _cluster_job(plan.out)
     if ended is not None and not all(recs and recs[-1].get("kind") == "done" for recs in records.values()):
         # The launcher stopped the job (scancel): the ranks' ends follow from that, not the other way round.
         result.status, result.message, result.failed_rank = ended
@@ -127,6 +156,6 @@ def judge_run_dir(out: str | Path, *, cluster_job: dict[str, Any] | None = None,
         return build_report(plan, result, validate_modes(plan), started_at=started,
                             t0=time.monotonic() - result.elapsed_s, command=command or f"moe-overlap verify --judge {out}",
                             cluster_job=cluster_job,
-                            extra_notes=[*notes, "judged offline from the ranks' records (no launcher watchdog)"])
+                            extra_notes=[*notes, *job_notes, "judged offline from the ranks' records (no launcher watchdog)"])
     except RunFolderError as exc:  # a report file cannot be written (a folder sits at its name)
         raise VerifyInputError(f"the report cannot be written: {exc.message}", field="judge", fix=exc.fix) from None

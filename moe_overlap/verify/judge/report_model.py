@@ -111,12 +111,19 @@ class RunEnvironment(_Model):
                                                  "where (ep/node_graphs.py)")
 
 
+# The run folder's own record of its batch job (verify/run/slurm_run.py writes it at submission and when the job
+# ends; judge/offline.py reads it back, so `verify --judge` of the folder names the job as the launcher did).
+CLUSTER_JOB_FILE = "cluster_job.json"
+MAX_CLUSTER_JOB_BYTES = 64 << 10  # a few hundred bytes; node lists of thousands of nodes still fit
+
+
 class ClusterJob(_Model):
     """The batch job a cluster launcher submitted (``verify --launcher slurm``; verify/run/slurm_run.py)."""
 
     scheduler: Literal["slurm"] = "slurm"
-    job_id: str
-    state: str = Field(description="the job's last state as Slurm reported it (COMPLETED, CANCELLED, FAILED, ...)")
+    job_id: str = Field(pattern=r"^\d{1,20}(_\d{1,20})?$", description="as sbatch --parsable printed it")
+    state: str = Field(max_length=64, description="the job's last state as Slurm reported it (COMPLETED, "
+                                                  "CANCELLED, FAILED, ...; SUBMITTED: recorded at submission)")
     nodes: list[str] | None = Field(None, description="the nodes the job ran on")
     exit_code: str | None = Field(None, description="the batch job's exit code as Slurm writes it, code:signal")
     script: str = Field(description="the sbatch script that was submitted (in the run folder)")

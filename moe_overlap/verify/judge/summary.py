@@ -27,7 +27,9 @@ class ModeLine(BaseModel):
     compute_ms: float | None = None
     comm_ms: float | None = None
     exposed_comm_ms: float | None = None
-    overlap_efficiency: float | None = None
+    overlap_efficiency: float | None = Field(None, description="the share of the communication hidden, at most 1")
+    gain_beyond_comm_ms: float | None = Field(None, description="how much more than the communication the step "
+                                              "got shorter by (host work the overlapped order filled)")
     host_issue_ms: float | None = Field(None, description="host issue time of the step's forward + backward")
     peak_memory_mib: float | None = None
 
@@ -53,7 +55,9 @@ def verification_summary(report: VerificationReport) -> VerificationSummary:
     for m in (a.modes if a else []):
         modes.append(ModeLine(mode=m.mode, measured_ratio=m.measured_ratio, predicted_ratio=m.predicted_ratio,
                               step_ms=_ms(m.step_s), compute_ms=_ms(m.compute_s), comm_ms=_ms(m.comm_s),
-                              exposed_comm_ms=_ms(m.exposed_comm_s), overlap_efficiency=m.overlap_efficiency,
+                              exposed_comm_ms=_ms(m.exposed_comm_s),
+                              overlap_efficiency=None if m.overlap_efficiency is None else min(1.0, m.overlap_efficiency),
+                              gain_beyond_comm_ms=_ms(m.gain_beyond_comm_s),
                               host_issue_ms=_ms(m.host_issue_s),
                               peak_memory_mib=None if m.peak_memory_bytes is None
                               else round(m.peak_memory_bytes / 2**20, 1)))

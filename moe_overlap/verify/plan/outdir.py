@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 MARKER = ".moe-overlap-run.json"
-OUTPUT_FILES = ("report.json", "report.md", "loss.png", "config.json", "plan.json", "job.sbatch")
+OUTPUT_FILES = ("report.json", "report.md", "loss.png", "config.json", "plan.json", "job.sbatch", "cluster_job.json")
 SLURM_OUT = re.compile(r"slurm-\d{1,12}\.out")  # a --launcher slurm job's output (#SBATCH --output)
 OUTPUT_DIRS = ("ranks", "logs")
 RANK_FILE = re.compile(r"rank\d{1,6}\.(?:jsonl|out|stacks)")

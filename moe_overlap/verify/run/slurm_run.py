@@ -7,7 +7,8 @@ The plan, config.json and plan.json go into --out as for --print-launch; the sba
 launch_print.slurm_script (the one --print-launch slurm prints), written as OUT/job.sbatch and submitted with
 ``sbatch --parsable``. While the job is pending or running, its state (squeue/scontrol) and rank 0's records
 in the shared folder become the same progress events as a local run. When the job ends the folder is judged
-by the offline judge (judge/offline.py, as `verify --judge OUT`), and the report names the job. Ctrl-C, the
+by the offline judge (judge/offline.py, as `verify --judge OUT`), and the report names the job (recorded in
+OUT/cluster_job.json at submission and at the end, so a later `--judge OUT` names it too). Ctrl-C, the
 caller's cancel event, --timeout (counted from the job's start: queue time is not the run's) and a rank
 silent past --hang-timeout scancel the job and wait until squeue no longer lists it.
 """
@@ -21,8 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from moe_overlap.verify.judge.offline import judge_run_dir
-from moe_overlap.verify.judge.report_model import VerificationReport
+from moe_overlap.verify.judge.report_model import CLUSTER_JOB_FILE, ClusterJob, VerificationReport
 from moe_overlap.verify.plan.build import VerifyInputError, make_plan, prepare_out
 from moe_overlap.verify.plan.options import VerifyOptions
 from moe_overlap.verify.plan.plan_file import save_plan
@@ -31,6 +34,8 @@ from moe_overlap.verify.run.interrupts import interrupts_once
 from moe_overlap.verify.run.launch_print import slurm_script
 from moe_overlap.verify.run.progress import record_event
 from moe_overlap.verify.run.records import RecordTail, rank_dir, records_path
+from moe_overlap.verify.rundir.read import RunFolderError
+from moe_overlap.verify.rundir.write import write_text
 
 POLL_S = 0.5
 STATE_EVERY_S = 2.0  # squeue/scontrol at most this often: slurmctld serves everyone
@@ -126,6 +131,7 @@ def run_on_slurm(options: VerifyOptions, progress: Progress | None = None,
                  cancel: threading.Event | None = None, *, startup_timeout_s: float = 300.0) -> VerificationReport:
     t0 = time.monotonic()
     broken: list[str] = []
+    unsaved: list[str] = []  # the job record could not be written (a note; not a broken progress callback)
 
     def emit(event: dict[str, Any]) -> None:
         if progress is None or broken:
@@ -147,6 +153,10 @@ def run_on_slurm(options: VerifyOptions, progress: Progress | None = None,
         guard.holding = True  # a Ctrl-C now would leave a submitted job untracked: it waits for the job id
         try:
             job_id = slurm_job.submit(script)
+            # Recorded at once (Ctrl-C still waits): if this process stops before the job ends, --judge OUT
+            # still names the job.
+            save_job_record(plan.out, _job_record(slurm_job.JobState(job_id=job_id, state="SUBMITTED"), script),
+                            unsaved)
         except slurm_job.SlurmError as exc:
             raise VerifyInputError(f"--launcher slurm: {exc.message}", field="launcher", fix=exc.fix) from None
         finally:
@@ -183,8 +193,10 @@ def run_on_slurm(options: VerifyOptions, progress: Progress | None = None,
         slurm_job.forget(job_id)
         watch.poll_records()
         emit({"event": "judge"})
-        report = judge_run_dir(plan.out, cluster_job=_job_record(final, script), ended=ended,
-                               notes=_job_notes(final, ended) + broken, command=_command(options))
+        record = _job_record(final, script)
+        save_job_record(plan.out, record, unsaved)
+        report = judge_run_dir(plan.out, cluster_job=record, ended=ended,
+                               notes=_job_notes(final, ended) + unsaved + broken, command=_command(options))
     emit({"event": "done", "verdict": report.verdict, "out": str(plan.out), "job_id": job_id})
     return report
 
@@ -193,6 +205,18 @@ def _job_record(state: slurm_job.JobState, script: Path) -> dict[str, Any]:
     out = script.parent / f"slurm-{state.job_id}.out"
     return {"job_id": state.job_id, "state": state.state, "nodes": state.nodes, "exit_code": state.exit_code,
             "script": str(script), "output": str(out) if os.path.isfile(out) else None}
+
+
+def save_job_record(out: Path, record: dict[str, Any], notes: list[str]) -> None:
+    """OUT/cluster_job.json (the ClusterJob of the report), written without following a link (rundir/write.py);
+    a folder that cannot take it costs a note, never the tracking of a submitted job."""
+    try:
+        write_text(out, CLUSTER_JOB_FILE, ClusterJob.model_validate(record).model_dump_json(indent=2) + "\n")
+    except (RunFolderError, ValidationError) as exc:
+        why = exc.message if isinstance(exc, RunFolderError) else f"not a ClusterJob: {exc.errors()[0]['msg']}"
+        note = f"{CLUSTER_JOB_FILE} not written ({why}): `verify --judge` of this folder will not name the job"
+        if note not in notes:
+            notes.append(note)
 
 
 def _job_notes(state: slurm_job.JobState, ended) -> list[str]:
@@ -214,4 +238,4 @@ def _command(options: VerifyOptions) -> str:
     return " ".join(parts)
 
 
-__all__ = ["run_on_slurm", "write_script", "SCRIPT"]
+__all__ = ["run_on_slurm", "write_script", "save_job_record", "SCRIPT"]
