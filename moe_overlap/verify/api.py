@@ -32,7 +32,7 @@ from moe_overlap.verify.judge.criteria import (
     headline,
     verdict,
 )
-from moe_overlap.verify.judge.explain import build_analysis
+from moe_overlap.verify.judge.explain import build_analysis, margin_of
 from moe_overlap.verify.judge.report import write_outputs
 from moe_overlap.verify.judge.report_model import (
     ModeRun,
@@ -179,7 +179,8 @@ def build_report(plan: Plan, result: LaunchResult, validation: dict[str, Any], *
             plan.cfg, nproc=plan.nproc, device=plan.device, backend="nccl" if plan.device == "cuda" else "gloo",
             fabric=plan.fabric, transport=str(init.get("transport") or ""), runs=runs, throughput=criteria[2],
             pieces_record=next((rec for rec in rank0 if rec.get("kind") == "pieces"), None),
-            schedules={s.name: s.schedule for s in plan.specs}, explain=plan.explain)
+            schedules={s.name: s.schedule for s in plan.specs}, explain=plan.explain,
+            sm_margin=margin_of(init.get("sm_margin")))
         extended = next((rec for rec in rank0 if rec.get("kind") == "steps_extended"), None)
         if extended and not all(isinstance(extended.get(k), int) for k in ("ran", "planned", "max_steps")):
             extended = None  # a damaged record: nothing to say about extra steps

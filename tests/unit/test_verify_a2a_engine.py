@@ -75,3 +75,24 @@ def test_without_a_host_floor_the_engine_changes_nothing():
 def test_a_cpu_fake_ce_run_stays_sm():
     pr = _prediction("auto: fake ce (gloo + 5 ms per call; a test's)", device="cpu").prediction
     assert pr.available and "a2a_engine" not in pr.request
+
+
+@pytest.mark.parametrize("note,margin", [
+    ("8 (auto: NCCL over a network link holds a few SMs beside the GEMMs)", 8), ("16 (asked)", 16),
+    ("0 (auto: no SM-driven all-to-all here)", 0), (None, 0), ("", 0), ("auto", 0),
+])
+def test_the_runs_sm_margin_is_read_from_its_note(note, margin):
+    from moe_overlap.verify.judge.explain import margin_of
+
+    assert margin_of(note) == margin
+
+
+def test_a_run_with_an_sm_margin_is_predicted_with_it():
+    kw = dict(nproc=2, device="cuda", backend="nccl", fabric="emulated-net", transport=NCCL, runs=RUNS,
+              throughput=criterion_throughput(RUNS, "cuda", True), pieces_record=_pieces(probe_eff=0.6),
+              schedules={"baseline": "none", "overlap": "1f1b", "overlap+wgrad": "1f1b"})
+    plain = build_analysis(CFG, **kw).prediction
+    margin = build_analysis(CFG, **kw, sm_margin=8).prediction
+    assert "sm_margin" not in plain.request and margin.request["sm_margin"] == 8
+    assert margin.step_s["none"] == pytest.approx(plain.step_s["none"])  # none never sets the margin
+    assert margin.step_s["1f1b"] != pytest.approx(plain.step_s["1f1b"])

@@ -49,6 +49,13 @@ def _link_words(device: str, fabric: str, transport: str) -> str:
     return "copy engines over NVLink" if "copy engines" in transport else "NVLink (SM-driven NCCL all-to-all)"
 
 
+def margin_of(note: str | None) -> int:
+    """The SMs the 1f1b expert GEMMs left, from report.json's environment.sm_margin ("8 (auto: ...)", written by
+    verify/run/worker.py from ep/sm_margin.py resolve_margin); 0 when absent or unreadable."""
+    head = (note or "").split(" ", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
 def a2a_engine(device: str, transport: str) -> str:
     """The estimator's `a2a_engine` for the overlap modes' all-to-alls. report.json's environment.a2a_transport
     reads "<asked>: <what ran> (<why>)" (verify/run/worker.py, from ep/transport.py make_transport), and what ran
@@ -87,8 +94,8 @@ def _breakdown(runs: list[ModeRun], comparisons: dict[str, dict[str, Any]], piec
 
 
 def _prediction(cfg: VerifyConfig, nproc: int, backend: str, pieces: StepPieces | None,
-                rows: list[ModeBreakdown], specs: dict[str, str], device: str = "cpu", transport: str = ""
-                ) -> Prediction:
+                rows: list[ModeBreakdown], specs: dict[str, str], device: str = "cpu", transport: str = "",
+                sm_margin: int = 0) -> Prediction:
     from moe_overlap.skill.estimate.api import EstimateError, estimate_overlap_benefit, parse_request
 
     if pieces is None:
@@ -117,6 +124,8 @@ def _prediction(cfg: VerifyConfig, nproc: int, backend: str, pieces: StepPieces 
         # would also replace the probe's, which this run measured with these very copy engines: keep the probe.
         request["a2a_engine"] = "copy-engine"
         request["overlap_efficiency"] = cal.overlap_efficiency
+    if sm_margin:  # the 1f1b expert GEMMs left SMs to the all-to-all: their slowdown and no stall (costs.py)
+        request["sm_margin"] = sm_margin
     host_ms, host_why = host_floor_input(pieces, device)
     if host_ms is not None:
         request["host_ms"] = host_ms
@@ -255,7 +264,7 @@ def _explanation(rows: list[ModeBreakdown], comparisons: dict[str, dict[str, Any
 
 def build_analysis(cfg: VerifyConfig, *, nproc: int, device: str, backend: str, fabric: str, transport: str,
                    runs: list[ModeRun], throughput: Criterion | None, pieces_record: dict[str, Any] | None,
-                   schedules: dict[str, str], explain: bool = True) -> Analysis:
+                   schedules: dict[str, str], explain: bool = True, sm_margin: int = 0) -> Analysis:
     comparisons = {c["mode"]: c for c in (throughput.evidence.get("comparisons", []) if throughput else [])}
     pieces, reason = None, None
     if pieces_record is not None:
@@ -269,7 +278,7 @@ def build_analysis(cfg: VerifyConfig, *, nproc: int, device: str, backend: str, 
     else:
         reason = "no pieces record: the run stopped before the end of training"
     rows = _breakdown(runs, comparisons, pieces)
-    prediction = _prediction(cfg, nproc, backend, pieces, rows, schedules, device, transport)
+    prediction = _prediction(cfg, nproc, backend, pieces, rows, schedules, device, transport, sm_margin)
     explanation = _explanation(rows, comparisons, pieces, cfg, nproc, device, fabric, transport,
                                _host_bound_cause(rows, prediction, schedules))
     return Analysis(available=pieces is not None, reason=reason, pieces=pieces, modes=rows, prediction=prediction,
