@@ -150,9 +150,12 @@ def our_rows() -> list[dict]:
             sm = s if not margin else {x.name: x for x in estimate_overlap_benefit(
                 parse_request(dict(req, sm_margin=margin))).schedules}
             pred = base_pred / (sm[sched].step_ms / PAIRS)
+            # the band of the schedule against its own file's predicted none, moved onto the fastest none's
+            scale = base_pred / (sm["none"].step_ms / PAIRS)
             what = f"ours, {preset}, EP 2, {fabric}, {a2a}: {name}"
             out.append(_row(what, str(path.relative_to(ROOT)), pred, base / rows[name]["total_ms"],
-                            "the run's pieces and host time" + (f"; sm_margin={margin}" if margin else "")))
+                            "the run's pieces and host time" + (f"; sm_margin={margin}" if margin else ""),
+                            sm[sched].speedup_low * scale, sm[sched].speedup_high * scale))
     return out
 
 
@@ -183,8 +186,15 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['what']} | {r['source']} | {r['inputs']} | {r['predicted']:.3f}x | {band} | "
                      f"{r['measured']:.3f}x | {r['error']:+.1%} | {ok} |")
     n = sum(r["passes"] for r in rows)
+    banded = [r for r in rows if r["low"] is not None]
+    inside = sum(r["low"] <= r["measured"] <= r["high"] for r in banded)
+    above = sum(r["measured"] > r["high"] for r in banded)
+    # the harm a band can do: its whole range a speedup (decide.py then says "use") and a slowdown measured
+    wrong = sum(r["low"] >= 1.0 and _sign(r["measured"]) == "slower" for r in banded)
     lines.append("")
-    lines.append(f"{n} of {len(rows)} rows pass (sign, and within {WITHIN:.0%}).")
+    lines.append(f"{n} of {len(rows)} rows pass (sign, and within {WITHIN:.0%}). Measured inside the band: "
+                 f"{inside} of the {len(banded)} rows with one ({above} above it, {len(banded) - inside - above} "
+                 f"below); rows whose whole band is faster but a slowdown was measured: {wrong}.")
     return "\n".join(lines)
 
 
