@@ -11,7 +11,8 @@ import pytest
 
 from moe_overlap.cli import main
 from moe_overlap.skill.estimate import memrate
-from moe_overlap.skill.estimate.api import EstimateError, _nodes, estimate_overlap_benefit, parse_request
+from moe_overlap.skill.estimate.api import EstimateError, estimate_overlap_benefit, parse_request
+from moe_overlap.skill.estimate.schedules import layer_nodes as _nodes
 from tests.verify_report import write_run
 
 ROOT = Path(__file__).resolve().parents[2]

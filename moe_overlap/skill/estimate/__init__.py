@@ -1,6 +1,6 @@
 """estimate_overlap_benefit: `api.py` is the cost model (expert FLOPs and all-to-all bytes per layer, scheduled
 without and with overlap), `costs.py` what overlap costs beside what it hides (host work, SMs, hardware queues,
-the uncertainty band), `decide.py` the recommendation, `resolve.py` the defaults and the one error naming every
+the uncertainty band), `schedules.py` the per-layer costs split over the nodes and each schedule's step, `decide.py` the recommendation, `resolve.py` the defaults and the one error naming every
 missing input, `model.py` the request and result models, `hardware.py` the fabric and GPU presets with their
 sources, `timeline.py` the two-stream timelines the schedules are laid out on, and `text.py` the stated
 assumptions and the report for people. The calibration that measures real rates lives in verify/ (it needs torch).
