@@ -17,10 +17,8 @@ run_verification checks its input, launches nothing), whose peak RSS is read fro
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -36,7 +34,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
 from benchmarks.fuzz import fuzz_inputs as fi  # noqa: E402
 from benchmarks.fuzz.fuzz_exec import LIMIT_S, Handler, Outcome, run_cli, run_cli_process, strict_json  # noqa: E402, F401
-from benchmarks.fuzz.tally import Tally  # noqa: E402
+from benchmarks.fuzz.tally import Tally, write_results  # noqa: E402
 
 CLI_PARSERS = ("validate", "estimate", "check-logs", "generate", "diagnose", "card", "verify")
 PARSERS = (*CLI_PARSERS, "mcp")
@@ -236,13 +234,7 @@ def main() -> int:
         for ex in r["examples"]:
             print(f"\n[{r['parser']}] {ex}")
     if args.out:
-        record = {"command": "python benchmarks/fuzz/fuzz.py " + " ".join(sys.argv[1:]),
-                  "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                  "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                              "load_average": list(os.getloadavg())},
-                  "python": platform.python_version(), "limit_s": LIMIT_S, "seed": args.seed, "rows": rows}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        write_results(args.out, "benchmarks/fuzz/fuzz.py", sys.argv[1:], args.seed, rows)
     bad = sum(r["tracebacks"] + r["over_limit"] + r["bad_json"] for r in rows)
     return 1 if bad else 0
 

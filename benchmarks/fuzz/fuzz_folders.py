@@ -18,10 +18,7 @@ the others (matplotlib's ~1 s per plot would make 3000 folders take an hour on 2
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -35,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.fuzz import folder_cases as fc  # noqa: E402
 from benchmarks.fuzz.fuzz_exec import LIMIT_S, Handler, Outcome  # noqa: E402
-from benchmarks.fuzz.tally import Tally  # noqa: E402
+from benchmarks.fuzz.tally import Tally, write_results  # noqa: E402
 
 
 def snapshot(base: Path, skip: str = "run") -> dict[str, tuple]:
@@ -178,13 +175,7 @@ def main() -> int:
         for ex in r["examples"]:
             print(f"  [{r['parser']}] {ex[:1500]}")
     if args.out:
-        record = {"command": "python benchmarks/fuzz/fuzz_folders.py " + " ".join(sys.argv[1:]),
-                  "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                  "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                              "load_average": list(os.getloadavg())},
-                  "python": platform.python_version(), "limit_s": LIMIT_S, "seed": args.seed, "rows": rows}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        write_results(args.out, "benchmarks/fuzz/fuzz_folders.py", sys.argv[1:], args.seed, rows)
     bad = sum(r["tracebacks"] + r["over_limit"] + r["bad_json"] + r["outside_changes"] + r["created_in_cwd"]
               + (r["peak_rss_mb"] > 1024) for r in rows)
     return 1 if bad else 0

@@ -4,7 +4,12 @@ neither imports the other."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import os
+import platform
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from benchmarks.fuzz.fuzz_exec import LIMIT_S, Outcome, strict_json
 
@@ -46,3 +51,15 @@ class Tally:
     def _example(self, text: str) -> None:
         if len(self.examples) < 10:
             self.examples.append(text)
+
+
+def write_results(out: Path, script: str, argv: list[str], seed: int, rows: list[dict]) -> None:
+    """A fuzz run's results JSON: the command, date, machine (with its load: these runs time themselves) and the
+    rows, as every committed fuzz result holds them."""
+    record = {"command": f"python {script} " + " ".join(argv),
+              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                          "load_average": list(os.getloadavg())},
+              "python": platform.python_version(), "limit_s": LIMIT_S, "seed": seed, "rows": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
