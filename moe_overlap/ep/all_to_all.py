@@ -87,13 +87,23 @@ def all_to_all_async(
         out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
         work = dist.all_to_all_single(out, x, out_splits, in_splits, group=group, async_op=True)
         return A2AHandle(out=out, work=work)
+    return _on_comm_stream(x, stream, after, lambda: x.new_empty((sum(out_splits),) + tuple(x.shape[1:])),
+                           lambda out: dist.all_to_all_single(out, x, out_splits, in_splits, group=group))
+
+
+def _on_comm_stream(x: torch.Tensor, stream: torch.cuda.Stream, after: torch.cuda.Event | None, alloc, issue
+                    ) -> A2AHandle:
+    """Issue one collective on the comm ``stream`` once ``after`` (an event recorded when ``x`` was written) or,
+    without one, everything queued on the caller's stream so far is done; the device waits, never the host.
+    ``alloc()`` makes the output on the comm stream (so its memory belongs to that stream's pool); ``issue(out)``
+    queues the collective. The handle's event marks the end, for the consumer stream to wait on."""
     if after is not None:
         stream.wait_event(after)
     else:
         stream.wait_stream(current_stream(x.device))
     with torch.cuda.stream(stream):
-        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+        out = alloc()
+        issue(out)
         event = record_event(stream)
     record_stream(x, stream)  # x is read on the comm stream; keep its memory until that is done
     return A2AHandle(out=out, event=event)
@@ -142,16 +152,8 @@ def all_to_all_equal_async(x: torch.Tensor, group, stream: torch.cuda.Stream | N
         out = torch.empty_like(x)
         work = dist.all_to_all_single(out, x, group=group, async_op=True)
         return A2AHandle(out=out, work=work)
-    if after is not None:
-        stream.wait_event(after)
-    else:
-        stream.wait_stream(current_stream(x.device))
-    with torch.cuda.stream(stream):
-        out = torch.empty_like(x)
-        dist.all_to_all_single(out, x, group=group)
-        event = record_event(stream)
-    record_stream(x, stream)
-    return A2AHandle(out=out, event=event)
+    return _on_comm_stream(x, stream, after, lambda: torch.empty_like(x),
+                           lambda out: dist.all_to_all_single(out, x, group=group))
 
 
 class _AllToAllEqual(torch.autograd.Function):
