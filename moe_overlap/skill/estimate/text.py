@@ -38,7 +38,9 @@ def assumptions(req: EstimateRequest, h: ResolvedHardware) -> list[str]:
         "the forward dispatch first exchanges token counts (one more all-to-all latency)",
         *([f"SM margin {req.sm_margin}: the expert GEMMs of each 1f1b layer pair run on {req.sm_margin} SMs fewer, "
            f"x{_margin(req.sm_margin):.3f} their time (measured alone on one H200, skill/estimate/costs.py "
-           "SM_MARGIN_FILE); the lone first forward and last backward and none keep every SM"]
+           "SM_MARGIN_FILE); the lone first forward and last backward and none keep every SM. It is this "
+           "package's layer setting (verify --sm-margin); Megatron-Core's moe_flex_dispatcher_num_sms is a different "
+           "knob: the SMs its DeepEP / HybridEP kernels take (transformer_config.py, core 0.19)"]
           if req.sm_margin else []),
         f"overlap efficiency {h.overlap_efficiency:.2f} ({h.efficiency_source}): step = serial - efficiency x "
         "(serial - ideal two-stream makespan); 1.0 means communication never slows compute, 0 that nothing "
