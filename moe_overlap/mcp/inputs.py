@@ -229,8 +229,8 @@ class EstimateInput(EstimateRequest):
         "host_ms": "host ms per layer",
         "other_ms": "outside layers", "overlap_efficiency": "0..1", "calibration": "measured",
         "global_batch": "GBS", "micro_batch_size": "MBS", "dp": "DP", "dispatcher": "backend",
-        "cuda_device_max_connections": "1: serial", "cuda_graph_scope": "graphed parts", "a2a_engine": "byte mover", "sm_margin": "GEMM SMs left", "recompute": "full: exposed",
-        "pp": "PP", "vpp": "VPP", "ep_stride": "TP x CP", "baseline_step_ms": "no-overlap step", "layers": "MoE layers",
+        "cuda_device_max_connections": "1: serial", "cuda_graph_scope": "graphed parts", "a2a_engine": "byte mover", "sm_margin": "SMs left, 0-32", "recompute": "full: exposed",
+        "pp": "PP", "vpp": "VPP", "ep_stride": "TP x CP", "baseline_step_ms": "plain step ms", "layers": "MoE layers",
         "precision": "dtype", "tflops": "GEMM TFLOP/s", "dense_tflops": "dense TFLOP/s", "ep": "EP",
     }, [{"model": "qwen3-30b-a3b", "ep": 8, "gpu_preset": "h100", "global_batch": 1024, "dp": 16}]))
 

@@ -118,7 +118,7 @@ class EstimateRequest(BaseModel):
     a2a_engine: Literal["sm", "copy-engine"] = Field("sm", description="what moves the all-to-all bytes: SM "
                                                      "kernels (NCCL, DeepEP, HybridEP) or copy engines")
     sm_margin: int = Field(0, ge=0, le=1024, description="SMs the expert GEMMs of a 1f1b layer pair leave to the "
-                           "all-to-all kernels beside them (our layer's --sm-margin; 0: off): the GEMMs run on fewer "
+                           "all-to-all kernels beside them (our layer's --sm-margin; 0: off; measured up to 32): the GEMMs run on fewer "
                            "SMs (measured slowdown), an SM-driven all-to-all beside them no longer stalls them "
                            "(skill/estimate/costs.py)")
     pp: int = Field(1, gt=0, le=MAX_LAYERS, description="pipeline-parallel size: its bubble, (pp - 1) / (vpp x "
