@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from moe_overlap.skill.estimate.api import estimate_overlap_benefit, parse_request  # noqa: E402
+from moe_overlap.skill.estimate.decide import NEGLIGIBLE_SPEEDUP, SLOWER  # noqa: E402
 
 FLAT, WITHIN = 0.03, 0.10
 Q3 = dict(model="qwen3-30b-a3b", gpu_preset="h100")
@@ -177,6 +178,21 @@ def wgrad_pairs(presets=("deepseek-v3", "dsv3-proxy")) -> list[tuple[float, floa
             for k in sorted(keys) if (k, "1f1b+wgrad") in pred and (k, "1f1b") in pred]
 
 
+def verdict(r: dict) -> str:
+    """What decide.py would say of this row's schedule alone: its thresholds on the point and the band."""
+    if r["predicted"] < SLOWER:
+        return "avoid"
+    if r["predicted"] < NEGLIGIBLE_SPEEDUP:
+        return "gain likely negligible"
+    return "measure first" if r["low"] < 1.0 else "use"
+
+
+def _contradicts(r: dict) -> bool:
+    v, m = verdict(r), r["measured"]
+    return (v == "avoid" and m > 1 + FLAT) or (v == "use" and m < 1 - FLAT) or (
+        v == "gain likely negligible" and m > 1 + WITHIN)
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| row | source | inputs beyond the model preset | predicted | band | measured | error | "
              "sign, within 10% |", "|---|---|---|---|---|---|---|---|"]
@@ -191,10 +207,13 @@ def markdown(rows: list[dict]) -> str:
     above = sum(r["measured"] > r["high"] for r in banded)
     # the harm a band can do: its whole range a speedup (decide.py then says "use") and a slowdown measured
     wrong = sum(r["low"] >= 1.0 and _sign(r["measured"]) == "slower" for r in banded)
+    contradicted = [r for r in banded if _contradicts(r)]
     lines.append("")
     lines.append(f"{n} of {len(rows)} rows pass (sign, and within {WITHIN:.0%}). Measured inside the band: "
                  f"{inside} of the {len(banded)} rows with one ({above} above it, {len(banded) - inside - above} "
-                 f"below); rows whose whole band is faster but a slowdown was measured: {wrong}.")
+                 f"below); rows whose whole band is faster but a slowdown was measured: {wrong}; rows whose "
+                 f"verdict the measurement contradicts: {len(contradicted)} (\"avoid\" and a gain over 3%, \"use\" "
+                 "and a loss over 3%, \"gain likely negligible\" and a gain over 10%).")
     return "\n".join(lines)
 
 

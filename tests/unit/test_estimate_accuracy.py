@@ -66,6 +66,10 @@ def test_no_band_says_faster_where_a_slowdown_was_measured(acc):
     rows = [r for r in acc.public_rows() + acc.our_rows() if r["low"] is not None]
     assert len(rows) >= 120
     assert [r["what"] for r in rows if r["low"] >= 1.0 and acc._sign(r["measured"]) == "slower"] == []
+    # nor any row's verdict the other way round: "avoid" where a gain over 3% was measured, "gain likely
+    # negligible" where one over 10% was
+    assert [(r["what"], acc.verdict(r), r["measured"]) for r in rows if acc._contradicts(r)] == []
+    assert {acc.verdict(r) for r in rows} >= {"avoid", "use", "measure first"}  # every verdict is exercised
 
 
 def test_negative_anchor_is_predicted_slower(acc):
