@@ -213,7 +213,9 @@ def markdown(rows: list[dict]) -> str:
                  f"{inside} of the {len(banded)} rows with one ({above} above it, {len(banded) - inside - above} "
                  f"below); rows whose whole band is faster but a slowdown was measured: {wrong}; rows whose "
                  f"verdict the measurement contradicts: {len(contradicted)} (\"avoid\" and a gain over 3%, \"use\" "
-                 "and a loss over 3%, \"gain likely negligible\" and a gain over 10%).")
+                 "and a loss over 3%, \"gain likely negligible\" and a gain over 10%; verdicts: "
+                 + ", ".join(f"{v} {sum(verdict(r) == v for r in banded)}" for v in
+                             ("use", "avoid", "gain likely negligible", "measure first")) + ").")
     return "\n".join(lines)
 
 
