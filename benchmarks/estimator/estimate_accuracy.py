@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from moe_overlap.skill.estimate.api import estimate_overlap_benefit, parse_request  # noqa: E402
-from moe_overlap.skill.estimate.decide import NEGLIGIBLE_SPEEDUP, SLOWER  # noqa: E402
+from moe_overlap.skill.estimate.decide import verdict as decide_verdict  # noqa: E402
 
 FLAT, WITHIN = 0.03, 0.10
 Q3 = dict(model="qwen3-30b-a3b", gpu_preset="h100")
@@ -179,12 +179,8 @@ def wgrad_pairs(presets=("deepseek-v3", "dsv3-proxy")) -> list[tuple[float, floa
 
 
 def verdict(r: dict) -> str:
-    """What decide.py would say of this row's schedule alone: its thresholds on the point and the band."""
-    if r["predicted"] < SLOWER:
-        return "avoid"
-    if r["predicted"] < NEGLIGIBLE_SPEEDUP:
-        return "gain likely negligible"
-    return "measure first" if r["low"] < 1.0 else "use"
+    """What the estimator would recommend were this row's schedule the best one (decide.verdict)."""
+    return decide_verdict(r["predicted"], r["low"])
 
 
 def _contradicts(r: dict) -> bool:

@@ -54,6 +54,16 @@ def _wgrad_reason(req: EstimateRequest, nodes: NodeTimes, plain: ScheduleEstimat
             "inputs beside the dispatch) counted")
 
 
+def verdict(speedup: float, speedup_low: float) -> str:
+    """The recommendation for a schedule's predicted speedup and the low end of its band (EP > 1, an overlap
+    schedule available): "use" only when the whole band is a speedup."""
+    if speedup < SLOWER:
+        return "avoid"
+    if speedup < NEGLIGIBLE_SPEEDUP:
+        return "gain likely negligible"
+    return "measure first" if speedup_low < 1.0 else "use"
+
+
 def recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer, scheds: list[ScheduleEstimate],
               nodes: NodeTimes, host_note: str | None = None) -> EstimateResult:
     none = scheds[0]
@@ -68,26 +78,22 @@ def recommend(req: EstimateRequest, h: ResolvedHardware, p: PerLayer, scheds: li
     if host_note:
         reasons.append(host_note)
     band = f"{best.speedup_low:.2f}-{best.speedup_high:.2f}x"
+    decision = "avoid" if req.ep == 1 or not megatron else verdict(best.speedup, best.speedup_low)
     if req.ep == 1:
-        decision = "avoid"
         reasons.append("EP 1 has no all-to-all to hide (rule ep-size-gt-1)")
     elif not megatron:
-        decision = "avoid"
-    elif best.speedup < SLOWER:
-        decision = "avoid"
+        pass
+    elif decision == "avoid":
         reasons.append(f"the best schedule ({best.name}) is predicted slower ({best.speedup:.3f}x, band {band}): "
                        "what the overlap costs (host work of the interleaved schedule, SMs the all-to-all takes "
                        "from the GEMMs) exceeds the communication it hides")
-    elif best.speedup < NEGLIGIBLE_SPEEDUP:
-        decision = "gain likely negligible"
+    elif decision == "gain likely negligible":
         reasons.append(f"best predicted speedup {best.speedup:.3f}x ({best.name}, band {band}) is below "
                        f"{NEGLIGIBLE_SPEEDUP:.2f}x: the run is light on communication or compute-bound")
-    elif best.speedup_low < 1.0:
-        decision = "measure first"
+    elif decision == "measure first":
         reasons.append(f"predicted {best.speedup:.2f}x with {best.name}, but the band of the model's own "
                        f"parameters ({band}) includes a slowdown")
     else:
-        decision = "use"
         reasons.append(f"predicted speedup {best.speedup:.2f}x with {best.name} (band {band})")
     if req.micro_batches < 2:
         reasons.append("one micro-batch: Megatron-Core's overlap (1f1b) has no second micro-batch to pair "
