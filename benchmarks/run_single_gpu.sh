@@ -16,7 +16,8 @@
 #   (an ablation: one version per change); 4. benchmarks/gpu/profile_layer.py --world 1 (host profiles, trace
 #   summaries); 5. benchmarks/gpu/ep_overlap.py --world 1; 6. benchmarks/peers/peers.py (ours vs torchtitan vs Megatron-Core);
 #   opt-in: 7. `verify` (moe-overlap verify --device cuda: the one-GPU EP 1 check, CUDA graphs auto);
-#   8. `graph` (gpu_layer.py --sections graph --graph-sync-free: the sync-free path graphed, at world 1).
+#   8. `graph` (gpu_layer.py --sections graph --graph-sync-free: the sync-free path graphed, at world 1);
+#   9. `beside` (contention/gemm_beside.py: the expert GEMMs beside a kernel holding k SMs, by SM margin).
 # Results: $OUT/gpu_layer_<label>.json, gpu_layer_after.json, profile_cuda_r1.json, ep_overlap_cuda_r1.json,
 # peers_r1.json; copy them to benchmarks/results/ and commit with docs/benchmarks.md.
 set -uo pipefail
@@ -79,6 +80,10 @@ main() {
   for f in report.json report.md; do [ -f /tmp/verify_ep1/$f ] && cp /tmp/verify_ep1/$f "$OUT/verify_ep1_$f"; done
   step graph 150 "$PY" benchmarks/gpu/gpu_layer.py --sections graph --graph-sync-free --shapes qwen3-30b-a3b \
     --skip-megatron --out "$OUT/gpu_layer_graph_sync_free.json"
+  # what an SM margin must leave (opt-in: SECTIONS=beside; benchmarks/results/h200_2026-12-02_beside)
+  step beside 500 "$PY" benchmarks/contention/gemm_beside.py --holders 2 4 8 16 --margins 24 32 48 --iters 12 \
+    --shapes dsv3-proxy-ep2 deepseek-v3-ep2 qwen3-ep2 balanced-ffn14208-ep2 balanced-ffn30080-ep2 \
+    --out "$OUT/gemm_beside.json"
   echo; echo "=== done ($(date -u +%FT%TZ)); files in $OUT:"; ls -la "$OUT"
 }
 

@@ -8,7 +8,10 @@ inter-node link (benchmarks/results/h200x2_2026-11-29_r5, ``profile_layer.py --f
 the grouped-GEMM kernels of a 1F1B layer pair took 16.2 ms against 10.8 ms in the sequential order.
 PyTorch's SM carve-out (``torch._C._set_sm_carveout_experimental``; read by ``torch._grouped_mm``'s
 CUTLASS path and by cuBLASLt as ``CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET``) sizes the GEMM's grid to
-``SMs - margin`` instead, so it fits beside the communication kernel in one wave.
+``SMs - margin`` instead, so it fits beside the communication kernel in one wave. It needs about twice the SMs
+that kernel holds: on one H200 beside a stand-in kernel of k blocks, a margin of k left the second wave for
+k = 2, 4 and 16, a margin of 2k never did (benchmarks/contention/gemm_beside.py,
+benchmarks/results/h200_2026-12-02_beside/).
 
 The margin is a process-wide setting in torch, so it is applied only around the expert nodes that run
 while an all-to-all is in flight (schedule_1f1b.layer_pair) and restored afterwards; the sequential
@@ -60,7 +63,8 @@ def gemm_sm_margin(margin: int, device: torch.device | None):
 
 # SMs left to NCCL over a network transport: its all-to-all kernel held 2 blocks over the emulated inter-node
 # link (NCCL 2.28.9, socket transport; profile_layer.py's nccl_blocks), and margins of 8 and 16 measured alike
-# there, 32 slower (benchmarks/results/h200x2_2026-11-29_r5). 8 leaves room for a few more channels per peer.
+# there, 32 slower (benchmarks/results/h200x2_2026-11-29_r5). 8 is above twice those 2 blocks (what a margin
+# needs, module docstring) and leaves room for a few more channels per peer.
 NETWORK_MARGIN = 8
 
 
