@@ -10,8 +10,10 @@ two effects of that, which this script measures on one GPU, without any all-to-a
 
 * **margin 0** (the GEMMs' persistent grid sized to every SM): the GEMM blocks that find no free SM wait for
   one to finish its whole share of tiles, a second wave (ep/sm_margin.py);
-* **margin k** (the grid sized to SMs - k, ep/sm_margin.py's carve-out): no second wave, but the GEMMs still
-  share HBM and L2 with the holder if it moves bytes.
+* **margin m** (the grid sized to SMs - m, ep/sm_margin.py's carve-out): no second wave once m is large enough
+  beside a holder of k blocks (m = k, 2k and more are tried: on an H200, k was not enough for most k, 2k always
+  was; benchmarks/results/h200_2026-12-02_beside), and the GEMMs still share HBM and L2 with the holder if it
+  moves bytes.
 
 The holder is a Triton kernel of k blocks (512 threads each, the size of an NCCL channel's block) on a
 high-priority stream (as ep/streams.py's comm stream), launched before the GEMMs and lasting longer than them:
