@@ -190,13 +190,17 @@ def _overlap_efficiency(req: EstimateRequest, intra: hw.LinkPreset | None, inter
                         multi_node: bool) -> dict:
     """Explicit, else what moves the bytes and the queues (skill/estimate/costs.py) applied to the base."""
     out = _base_efficiency(req, intra, inter, multi_node)
+    # the link presets' efficiencies are the share kept of a timeline that holds the GEMMs' second wave
+    # (hardware.py); a given or calibrated one is a blend measured with it, so the timeline must not add it again
+    out["second_wave"] = (costs.second_wave(req.dispatcher, req.a2a_engine, req.sm_margin)
+                          if out.pop("preset", False) else 0.0)
     if req.overlap_efficiency is None:
         eff, why = costs.overlap_efficiency(out["overlap_efficiency"], multi_node=multi_node,
                                             backend=req.dispatcher, a2a_engine=req.a2a_engine,
                                             max_connections=req.cuda_device_max_connections,
                                             sm_margin=req.sm_margin)
         if why:
-            out = {"overlap_efficiency": eff, "efficiency_source": out["efficiency_source"] + "; " + why}
+            out = dict(out, overlap_efficiency=eff, efficiency_source=out["efficiency_source"] + "; " + why)
     return out
 
 
@@ -208,7 +212,7 @@ def _base_efficiency(req: EstimateRequest, intra: hw.LinkPreset | None, inter: h
         return {"overlap_efficiency": req.overlap_efficiency, "efficiency_source": "given"}
     link = inter if multi_node and inter else intra if not multi_node else None
     if link is not None:
-        return {"overlap_efficiency": link.overlap_efficiency,
+        return {"overlap_efficiency": link.overlap_efficiency, "preset": True,
                 "efficiency_source": f"{link.name} preset ({link.efficiency_source})"}
     if req.calibration is not None:
         return {"overlap_efficiency": req.calibration.overlap_efficiency,

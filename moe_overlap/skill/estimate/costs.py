@@ -32,6 +32,13 @@ COPY_ENGINE_SOURCE = ("copy-engine all-to-all on two H200s, median of three shap
                       "(benchmarks/results/h200x2_2026-11-29/ep_overlap_cuda_r2_ce.json)")
 SINGLE_QUEUE_FACTOR = 0.5
 
+# The second wave (skill/estimate/timeline.py, Timeline.wave): torch's persistent grouped GEMM started beside a
+# kernel that holds SMs (an SM-driven all-to-all in flight, SM margin 0) took x1.72-1.83 of its time on one H200,
+# at five per-rank shapes, beside 2-16 blocks that spin or copy (SECOND_WAVE_FILE; benchmarks/contention/
+# gemm_beside.py). The stretch is the median minus 1; tests/unit/test_estimate_costs.py recomputes it.
+SECOND_WAVE_FILE = "benchmarks/results/h200_2026-12-02_beside/gemm_beside.json"
+SECOND_WAVE = 0.77
+
 # SM margin (our layer's `--sm-margin`, ep/sm_margin.py): in a 1F1B layer pair the expert GEMMs beside an in-flight
 # all-to-all leave m SMs free. What it removes: the persistent grouped GEMM's second wave beside an SM-driven
 # all-to-all (its kernels already hold SMs), so the overlap is contention-free, as over copy engines
@@ -79,7 +86,8 @@ BACKENDS = {
 }
 
 # (pessimistic, optimistic) multipliers of the overlap efficiency and of the host factors' excess over 1: the
-# measured ranges (NVLink efficiency -0.08..0.69 around 0.56; network 0.73..0.91; NCCL host factors 1.12-1.22 and
+# measured ranges (NVLink efficiency -0.13..1.20 around 1.00 with the second wave, -0.08..0.69 around 0.56 without;
+# network 0.82 (0.73..0.91 without); NCCL host factors 1.12-1.22 and
 # 1.15-1.30 around 1.177 / 1.214, copy engines 1.07-1.15 and 1.08-1.14 around 1.109 / 1.112: host.py).
 BAND = {"efficiency": (0.5, 1.25), "host_excess": (1.9, 0.45)}
 
@@ -138,6 +146,13 @@ def gemm_margin_slowdown(margin: int) -> float:
         if m0 <= margin <= m1:
             return s0 + (s1 - s0) * (margin - m0) / (m1 - m0)
     return 1.0
+
+
+def second_wave(backend: str, a2a_engine: str, sm_margin: int) -> float:
+    """The 1f1b pair's GEMM stretch beside an all-to-all in flight: SECOND_WAVE for an SM-driven one without an
+    SM margin, else 0 (copy engines and copy-like backends take no SM; a margin leaves the all-to-all its own)."""
+    sm_driven = not (a2a_engine == "copy-engine" or BACKENDS[backend].copy_like)
+    return SECOND_WAVE if sm_driven and not sm_margin else 0.0
 
 
 def overlap_efficiency(base: float, *, multi_node: bool, backend: str, a2a_engine: str,

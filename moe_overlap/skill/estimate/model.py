@@ -232,6 +232,7 @@ class ResolvedHardware(BaseModel):
     inter_latency_us: float
     overlap_efficiency: float
     efficiency_source: str = Field("", description="where the overlap efficiency comes from")
+    second_wave: float = Field(0.0, description="GEMM stretch beside an in-flight all-to-all (costs.SECOND_WAVE)")
     sources: list[str]
 
 

@@ -75,7 +75,8 @@ def _schedules(req: EstimateRequest, h: ResolvedHardware, nodes: NodeTimes, eff:
     out = [sched("none", none_tl.serial * m * L, none_tl.busy["compute"] * m * L, none_tl.busy["comm"] * m * L)]
     for name, delay in (("1f1b", False), ("1f1b+wgrad", True)):
         # TimelineTooLong propagates: api.py names the field
-        tl = one_f_one_b_timeline(nodes, L, m, delay, wgrad_delay_cost=costs.DELAYED_WGRAD_COST, pair=pair)
+        tl = one_f_one_b_timeline(nodes, L, m, delay, wgrad_delay_cost=costs.DELAYED_WGRAD_COST, pair=pair,
+                                  second_wave=h.second_wave)
         note = ("needs >= 2 micro-batches (warning single-micro-batch): same as none" if m < 2 else
                 "first forward and last backward run alone; forward of micro-batch k+1 overlaps backward of k")
         out.append(sched(name, blend(tl, eff), tl.busy["compute"], tl.busy["comm"], note, available=m >= 2))

@@ -43,17 +43,61 @@ class NodeTimes:
 
 @dataclass
 class Timeline:
-    """Tasks on two in-order resources; ``add`` returns the task's finish time."""
+    """Tasks on two in-order resources; ``add`` returns the task's finish time.
+
+    ``wave`` > 0: the all-to-all takes SMs (NCCL at SM margin 0), so an expert GEMM added with ``gemm`` that runs
+    from its start beside an all-to-all in flight is stretched by ``wave`` x min(the all-to-all's time left, the
+    GEMM's time): torch's persistent grouped GEMM sizes its grid to every SM, and its blocks that find none wait
+    until the all-to-all ends or an early block has done its share (a second wave; measured on one H200 beside a
+    kernel holding SMs, skill/estimate/costs.py SECOND_WAVE). That holds whichever was added first: an
+    all-to-all issued after the GEMM but ready when it starts gets the SMs first (the comm stream's priority,
+    ep/streams.py). The stretch is not work: ``busy`` (and so ``serial``) keeps the GEMM's own time."""
 
     free: dict[str, float] = field(default_factory=lambda: {"compute": 0.0, "comm": 0.0})
     busy: dict[str, float] = field(default_factory=lambda: {"compute": 0.0, "comm": 0.0})
+    wave: float = 0.0
+    comm_spans: list[tuple[float, float]] = field(default_factory=list)  # the last few all-to-alls
+    last_gemm: tuple[float, float, float] | None = None  # (start, own time, stretch) while it ends the stream
 
     def add(self, resource: str, duration: float, *deps: float) -> float:
         start = max([self.free[resource], *deps])
         end = start + duration
         self.free[resource] = end
         self.busy[resource] += duration
+        if self.wave:
+            if resource == "comm":
+                self.comm_spans = [*self.comm_spans[-3:], (start, end)]
+                self._stretch_last(start, end)
+            else:
+                self.last_gemm = None  # a later compute task: the GEMM's end is fixed
         return end
+
+    def gemm(self, duration: float, *deps: float) -> float:
+        """An expert GEMM on the compute stream (``add`` when ``wave`` is 0)."""
+        if not self.wave:
+            return self.add("compute", duration, *deps)
+        start = max([self.free["compute"], *deps])
+        left = max([c1 - start for c0, c1 in self.comm_spans if c0 <= start < c1] or [0.0])
+        stretch = self.wave * min(left, duration)
+        self.free["compute"] = start + duration + stretch
+        self.busy["compute"] += duration
+        self.last_gemm = (start, duration, stretch)
+        return self.free["compute"]
+
+    def _stretch_last(self, c0: float, c1: float) -> None:
+        if self.last_gemm is None:
+            return
+        g0, own, done = self.last_gemm
+        if c0 <= g0 + 1e-12 and g0 < c1 and (s := self.wave * min(c1 - g0, own)) > done:
+            self.free["compute"] += s - done
+            self.last_gemm = (g0, own, s)
+
+    def shift(self, by: float) -> None:
+        """Move the stream state by `by` ms (the steady-state extrapolation's jump)."""
+        self.free = {k: v + by for k, v in self.free.items()}
+        self.comm_spans = [(a + by, b + by) for a, b in self.comm_spans]
+        if self.last_gemm is not None:
+            self.last_gemm = (self.last_gemm[0] + by, *self.last_gemm[1:])
 
     @property
     def makespan(self) -> float:
@@ -115,7 +159,7 @@ def layer_timeline(n: NodeTimes, chunks: int = 1, chunk_backward: bool = True) -
 
 def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wgrad: bool, *,
                          extrapolate: bool = True, wgrad_delay_cost: float = 0.0,
-                         pair: NodeTimes | None = None) -> Timeline:
+                         pair: NodeTimes | None = None, second_wave: float = 0.0) -> Timeline:
     """Megatron-Core's cross-micro-batch overlap (model_chunk_schedule_plan.py) for a stack of identical layers.
 
     Forward of micro-batch k+1 runs with backward of micro-batch k, forward layer i paired with backward
@@ -130,10 +174,11 @@ def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wg
     step (`extrapolate=False` runs every micro-batch, for the test that both agree).
 
     `pair`: the node times inside a layer pair where they differ from the lone forward / backward (the expert
-    GEMMs on fewer SMs with an SM margin); None: the same.
+    GEMMs on fewer SMs with an SM margin); None: the same. `second_wave`: the pair's expert GEMMs beside an
+    all-to-all that holds SMs are stretched so (Timeline.wave); 0 for copy engines and with an SM margin.
     """
     p = pair or n
-    tl = Timeline()
+    tl = Timeline(wave=second_wave)
     a2a = n.a2a + n.a2a_latency
     t = 0.0
     for _ in range(layers):  # first forward, alone
@@ -149,14 +194,14 @@ def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wg
             b_comb = tl.add("comm", a2a, b_post)
             f_pre = tl.add("compute", p.pre_f, f_done)
             if delay_wgrad:
-                b_d = tl.add("compute", p.dgrad_b, b_comb)
-                tl.add("compute", late_wgrad, b_d)
+                b_d = tl.gemm(p.dgrad_b, b_comb)
+                tl.gemm(late_wgrad, b_d)
             else:
-                b_d = tl.add("compute", p.dgrad_b + p.wgrad_b + p.wgrad_fixed, b_comb)
+                b_d = tl.gemm(p.dgrad_b + p.wgrad_b + p.wgrad_fixed, b_comb)
             f_cnt = tl.add("comm", p.count_exchange, f_pre)
             f_disp = tl.add("comm", a2a, f_cnt)
             b_disp = tl.add("comm", a2a, b_d)
-            f_mlp = tl.add("compute", p.mlp_f, f_disp)
+            f_mlp = tl.gemm(p.mlp_f, f_disp)
             f_comb = tl.add("comm", a2a, f_mlp)
             b_grad = tl.add("compute", p.pre_b, b_disp)
             f_done = tl.add("compute", p.post_f, f_comb)
@@ -178,7 +223,7 @@ def one_f_one_b_timeline(n: NodeTimes, layers: int, micro_batches: int, delay_wg
             now, before = history[-1], history[-1 - period]
             jumps = left // period
             shift = (now[0] - before[0]) * jumps
-            tl.free = {"compute": now[0] + shift, "comm": now[1] + shift}
+            tl.shift(shift)  # history[-1] is the state now: both streams (and the spans) move by one shift
             tl.busy = {"compute": now[4] + (now[4] - before[4]) * jumps, "comm": now[5] + (now[5] - before[5]) * jumps}
             f_done, b_grad = now[2] + shift, now[3] + shift
             left -= jumps * period
