@@ -35,13 +35,14 @@ SINGLE_QUEUE_FACTOR = 0.5
 # The second wave (skill/estimate/timeline.py, Timeline.wave): torch's persistent grouped GEMM started beside a
 # kernel that holds SMs (an SM-driven all-to-all in flight, SM margin 0) took x1.72-1.83 of its time on one H200,
 # at five per-rank shapes, beside 2-16 blocks that spin or copy (SECOND_WAVE_FILE; benchmarks/contention/
-# gemm_beside.py). The stretch is the median minus 1; tests/unit/test_estimate_costs.py recomputes it.
+# gemm_beside.py). The stretch is the median minus 1; tests/unit/test_estimate_presets.py recomputes it.
 SECOND_WAVE_FILE = "benchmarks/results/h200_2026-12-02_beside/gemm_beside.json"
 SECOND_WAVE = 0.77
 
 # SM margin (our layer's `--sm-margin`, ep/sm_margin.py): in a 1F1B layer pair the expert GEMMs beside an in-flight
 # all-to-all leave m SMs free. What it removes: the persistent grouped GEMM's second wave beside an SM-driven
-# all-to-all (its kernels already hold SMs), so the overlap is contention-free, as over copy engines
+# all-to-all (its kernels already hold SMs; taken as removed, which on one H200 needed m at least twice the SMs
+# those kernels hold, SECOND_WAVE_FILE), so the overlap is contention-free, as over copy engines
 # (COPY_ENGINE_OVERLAP_EFFICIENCY: an argument, the all-to-all takes no SM from the GEMMs either way). What it costs:
 # the GEMMs on S - m SMs, measured alone (no all-to-all beside them) on one H200 at seven per-rank shapes: the median
 # slowdown per margin (SM_MARGIN_FILE; tests/unit/test_estimate_costs.py recomputes it), linear in between.
