@@ -50,11 +50,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks.gpu.ep_overlap import machine_info  # noqa: E402
-from benchmarks.gpu.gemm_rate import SHAPES, flops  # noqa: E402
-from benchmarks.gpu.gpu_sections import expert_gemms  # noqa: E402
+from benchmarks.gpu.gemm_rate import SHAPES, flops, gemms_fn  # noqa: E402
 
 MIN_ITERS = 10
-NO_PAD = False  # --no-pad
 THREADS = 512  # an NCCL channel's block (NCCL_NTHREADS default)
 
 
@@ -135,31 +133,14 @@ class Holder:
         return end
 
 
-def _gemms(shape: dict, device: torch.device):
-    import itertools
-
-    L, R, D, F = shape["experts"], shape["rows"], shape["hidden"], shape["ffn"]
-    S = L * R
-    gen = torch.Generator(device=device).manual_seed(0)
-
-    def rand(*size, scale=1.0):
-        return torch.randn(*size, device=device, dtype=torch.bfloat16, generator=gen) * scale
-
-    x, a, dy, dh = rand(S, D), rand(S, F), rand(S, D), rand(S, 2 * F)
-    w1, w2 = rand(L, D, 2 * F, scale=D**-0.5), rand(L, F, D, scale=F**-0.5)
-    counts = (R,) * L
-    offs = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=device)
-    return lambda: expert_gemms(x, a, dy, dh, w1, w2, offs, counts, "grouped_mm")
-
-
 def time_gemms(fn, iters: int, margin: int, holder: Holder | None, holder_ms: float, device: torch.device,
-               pad: Holder) -> dict:
+               pad: Holder | None) -> dict:
     """Median ms of `fn` on the current stream (under `margin`), each iteration beside a fresh holder if given.
 
-    Without a holder, `pad` (a 2-block spin) runs after the GEMMs for as long as a holder would have outlived
+    Without a holder, `pad` (a 2-block spin; None: --no-pad) runs after the GEMMs for as long as a holder would have outlived
     them: the GPU's duty cycle is the same in every case. It matters: GEMMs back to back hold an H200 at its
     power limit (about 1.5 GHz here) while a GEMM phase followed by a light one runs at higher clocks, so an
-    unpadded alone baseline came out 10-19% slower than the same GEMMs beside a holder at a sufficient margin."""
+    unpadded alone baseline made the same GEMMs beside a holder at a sufficient margin x0.82-0.96 of it."""
     from moe_overlap.ep.sm_margin import gemm_sm_margin
 
     ms, covered = [], 0
@@ -174,7 +155,7 @@ def time_gemms(fn, iters: int, margin: int, holder: Holder | None, holder_ms: fl
             a.record()
             fn()
             b.record()
-            if holder is None and holder_ms > 0 and not NO_PAD:
+            if holder is None and holder_ms > 0 and pad is not None:
                 pad._launch(max(1, round(holder_ms / pad.unit_ms)))
             torch.cuda.synchronize()
             if i >= 2:
@@ -228,9 +209,10 @@ def margins_for(k: int, extra: list[int]) -> list[int]:
 
 
 def measure(shape: dict, holders: list[int], kinds: list[str], iters: int, device: torch.device,
-            stream: torch.cuda.Stream, cache: dict, extra: list[int]) -> dict:
-    fn = _gemms(shape, device)
+            stream: torch.cuda.Stream, cache: dict, extra: list[int], padded: bool = True) -> dict:
+    fn, _ = gemms_fn(shape, str(device))
     pad = cache.get(("spin", 2)) or cache.setdefault(("spin", 2), Holder("spin", 2, stream, device))
+    pad = pad if padded else None
     first = time_gemms(fn, 2, 0, None, 0.0, device, pad)["median_ms"]  # sizes the pad and the holders
     alone = time_gemms(fn, iters, 0, None, 2.0 * first + 1.0, device, pad)
     out = {"shape": shape, "flops": flops(shape), "alone": alone, "margin_alone": {}, "beside": {}}
@@ -272,6 +254,8 @@ def summary(res: dict) -> dict:
             add(f"late wait ms, margin 0, {kind}", row["late_margin_0"]["wait_ms"])
             if kind == "spin":
                 add("late wait ms, margin 2k, spin", row[f"late_margin_{2 * int(k)}"]["wait_ms"])
+            if row["holder_gbps_alone"] is not None:
+                add("copy holder GB/s alone (read + write)", row["holder_gbps_alone"])
             spin = r["beside"].get(f"spin-{k}")
             if kind == "copy" and spin:
                 add("copy over spin at margin 2k", row[f"margin_{2 * int(k)}"]["median_ms"]
@@ -312,8 +296,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.iters < MIN_ITERS or any(k <= 0 for k in a.holders):
         print(f"error: --iters must be >= {MIN_ITERS} and each --holders value > 0", file=sys.stderr)
         return 2
-    global NO_PAD
-    NO_PAD = a.no_pad
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU (Triton holders, the GEMMs' SM carve-out): run it on the GPU machine",
               file=sys.stderr)
@@ -331,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     stream = torch.cuda.Stream(device=device, priority=-1)  # as ep/streams.py's comm stream
     cache: dict = {"cycles": _sleep_cycles_per_ms()}
     for name in a.shapes:
-        r = res["shapes"][name] = measure(SHAPES[name], a.holders, a.kinds, a.iters, device, stream, cache, a.margins)
+        r = res["shapes"][name] = measure(SHAPES[name], a.holders, a.kinds, a.iters, device, stream, cache, a.margins,
+                                           padded=not a.no_pad)
         print(f"[{name}] alone {r['alone']['median_ms']:.3f} ms; " + "; ".join(
             f"{h} on {v['holder_sms']} SMs: " + ", ".join(
                 f"m{key[7:]} x{x['slowdown']:.2f} (late wait {v['late_' + key]['wait_ms']:.2f})"

@@ -100,6 +100,15 @@ def _files() -> list[Path]:
                                              recursive=True))
 
 
+def shape_of(preset: dict) -> dict:
+    """The model shape of one preset entry of a layer results file: its preset's, overridden by what it recorded."""
+    recorded = preset.get("shape", {})
+    shape = dict(SHAPES.get(preset["preset"], {}), **{k: v for k, v in recorded.items()
+                                                      if k in ("tokens", "hidden", "experts", "topk")})
+    shape["moe_ffn"] = recorded.get("ffn", shape.get("moe_ffn"))
+    return shape
+
+
 def _request(shape: dict, world: int, fabric: str, a2a: str, preset_rows: dict, alone: dict) -> dict:
     none, experts, comm = preset_rows["none"]["total_ms"], alone["compute_ms"], alone["comm_ms"]
     net = fabric != "native"
@@ -125,10 +134,7 @@ def our_rows() -> list[dict]:
         data = json.loads(path.read_text(encoding="utf-8"))
         for p in data.get("presets", []):
             rows = {r["schedule"]: r for r in p.get("rows", [])}
-            shape = dict(SHAPES.get(p["preset"], {}), **{k: v for k, v in p.get("shape", {}).items()
-                                                          if k in ("tokens", "hidden", "experts", "topk")})
-            shape["moe_ffn"] = p.get("shape", {}).get("ffn", shape.get("moe_ffn"))
-            runs.append((path, data, p["preset"], shape, rows, p.get("alone", {})))
+            runs.append((path, data, p["preset"], shape_of(p), rows, p.get("alone", {})))
     best: dict[tuple, tuple[float, float]] = {}  # (call, fabric, preset) -> (measured none, predicted none)
     preds = []
     for path, data, preset, shape, rows, alone in runs:

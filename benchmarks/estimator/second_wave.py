@@ -47,10 +47,7 @@ def rederived() -> dict[str, list[float]]:
         fabric, a2a = data.get("fabric") or "native", data.get("a2a") or "nccl"
         for p in data["presets"]:
             rows = {r["schedule"]: r for r in p["rows"]}
-            shape = dict(acc.SHAPES.get(p["preset"], {}), **{k: v for k, v in p["shape"].items()
-                                                              if k in ("tokens", "hidden", "experts", "topk")})
-            shape["moe_ffn"] = p["shape"].get("ffn", shape.get("moe_ffn"))
-            req = acc._request(shape, int(data["world"]), fabric, a2a, rows, p["alone"])
+            req = acc._request(acc.shape_of(p), int(data["world"]), fabric, a2a, rows, p["alone"])
             r = api.check_request(parse_request(dict({k: v for k, v in req.items() if k != "host_ms"},
                                                      megatron_host=False)))
             h = api._hardware(r, r.ep > api.ep_per_node(r))  # the preset's second wave, at efficiency 1 below

@@ -87,10 +87,8 @@ def _cpu_time(fn, warmup: int, iters: int) -> dict:
     return {"median_ms": statistics.median(ms), "min_ms": min(ms), "iters": iters}
 
 
-def measure(shape: dict, device: str, iters: int, warmup: int, dtype=torch.bfloat16,
-            margins: tuple[int, ...] = ()) -> dict:
-    """One shape: median ms of the six GEMMs and the rate in TFLOP/s; with `margins`, the median under each SM
-    carve-out too (`sm_margin`: {m: {median_ms, slowdown}}, slowdown = that median over the plain one)."""
+def gemms_fn(shape: dict, device: str, dtype=torch.bfloat16):
+    """(a call running the six GEMMs of `shape` once on fixed random inputs, the path it takes)."""
     from moe_overlap.ep.experts import grouped_mm_supported
 
     L, R, D, F = shape["experts"], shape["rows"], shape["hidden"], shape["ffn"]
@@ -108,6 +106,16 @@ def measure(shape: dict, device: str, iters: int, warmup: int, dtype=torch.bfloa
 
     def fn():
         expert_gemms(x, a, dy, dh, w1, w2, offs, counts, path)  # results dropped: each call allocates anew
+
+    return fn, path
+
+
+def measure(shape: dict, device: str, iters: int, warmup: int, dtype=torch.bfloat16,
+            margins: tuple[int, ...] = ()) -> dict:
+    """One shape: median ms of the six GEMMs and the rate in TFLOP/s; with `margins`, the median under each SM
+    carve-out too (`sm_margin`: {m: {median_ms, slowdown}}, slowdown = that median over the plain one)."""
+    fn, path = gemms_fn(shape, device, dtype)
+    S = shape["experts"] * shape["rows"]
 
     def timed():
         return cuda_time(fn, warmup=warmup, iters=iters) if device == "cuda" else _cpu_time(fn, warmup, iters)

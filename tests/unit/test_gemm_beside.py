@@ -24,6 +24,8 @@ QUOTED = {
     "margin 32 alone": "x{lo}-{hi} at 32,",
     "copy over spin at margin 2k": "x{lo}-{hi} of the spin holder's time",
 }
+# the same, in TB/s with two decimals
+QUOTED_TBPS = {"copy holder GB/s alone (read + write)": "moves {lo}-{hi} TB/s alone"}
 
 
 def test_readme_quotes_the_summary():
@@ -33,6 +35,13 @@ def test_readme_quotes_the_summary():
         lo, hi = rows[key]
         quoted = text.format(lo=f"{lo:.2f}", hi=f"{hi:.2f}")
         assert quoted in readme, (key, quoted)
+    for key, text in QUOTED_TBPS.items():
+        lo, hi = rows[key]
+        assert text.format(lo=f"{lo / 1e3:.2f}", hi=f"{hi / 1e3:.2f}") in readme, key
+    unpadded = gemm_beside.summary(json.loads((RESULTS / "gemm_beside_unpadded.json").read_text(encoding="utf-8")))
+    lo = min(unpadded[f"margin 2k beside {k}, over margin 2k alone"][0] for k in ("spin", "copy"))
+    hi = max(unpadded[f"margin 2k beside {k}, over margin 2k alone"][1] for k in ("spin", "copy"))
+    assert f"x{lo:.2f}-{hi:.2f} of that margin alone" in readme
     # the findings the advice rests on: margin k fails for k = 2, 4, 16 and 2k always fits
     for k in (2, 4, 16):
         assert rows[f"margin k beside spin-{k}"][0] > 1.7
