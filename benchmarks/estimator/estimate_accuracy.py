@@ -145,9 +145,9 @@ def our_rows() -> list[dict]:
         none = rows["none"]["total_ms"]
         if key not in best or none < best[key][0]:
             best[key] = (none, s["none"].step_ms / PAIRS)
-        preds.append((path, data, preset, rows, s, key, fabric, a2a, req))
+        preds.append((path, data, preset, shape, rows, s, key, fabric, a2a, req))
     out = []
-    for path, _data, preset, rows, s, key, fabric, a2a, req in preds:
+    for path, _data, preset, shape, rows, s, key, fabric, a2a, req in preds:
         base, base_pred = best[key]
         for name in rows:
             m = re.fullmatch(r"(1f1b(?:\+wgrad)?)(?: sm-(\d+))?", name)
@@ -160,9 +160,14 @@ def our_rows() -> list[dict]:
             # the band of the schedule against its own file's predicted none, moved onto the fastest none's
             scale = base_pred / (sm["none"].step_ms / PAIRS)
             what = f"ours, {preset}, EP 2, {fabric}, {a2a}: {name}"
-            out.append(_row(what, str(path.relative_to(ROOT)), pred, base / rows[name]["total_ms"],
-                            "the run's pieces and host time" + (f"; sm_margin={margin}" if margin else ""),
-                            sm[sched].speedup_low * scale, sm[sched].speedup_high * scale))
+            row = _row(what, str(path.relative_to(ROOT)), pred, base / rows[name]["total_ms"],
+                       "the run's pieces and host time" + (f"; sm_margin={margin}" if margin else ""),
+                       sm[sched].speedup_low * scale, sm[sched].speedup_high * scale)
+            # what makes two rows repeats of one configuration (estimate_repeats.py): the shape, the link, the
+            # transport and the schedule; a `prev` file ran the previous commit's layer, another code
+            row["config"] = (preset, *(shape[k] for k in ("tokens", "hidden", "moe_ffn", "experts", "topk")),
+                             fabric, a2a, name, "previous code" if "prev" in path.stem else "")
+            out.append(row)
     return out
 
 
