@@ -108,6 +108,12 @@ def repeated(rows: list[dict]) -> list[dict]:
     return out
 
 
+def widest(rows: list[dict]) -> dict:
+    """The repeated configuration whose runs' measured ratios lie furthest apart (max - min, in ratio points)."""
+    return max(repeated(rows), key=lambda g: max(r["measured"] for r in g["runs"]) - min(r["measured"]
+                                                                                        for r in g["runs"]))
+
+
 def misses(rows: list[dict]) -> list[dict]:
     """Each failing row with the other runs of its configuration its prediction passes against."""
     by = groups(rows)

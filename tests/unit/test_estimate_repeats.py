@@ -83,3 +83,22 @@ def test_a_miss_that_passes_against_a_repeat_is_one_the_runs_disagree_on(rows):
         if g["all"].empty:
             ivs = [rp.admissible(r["measured"]) for r in g["runs"]]
             assert any((a & b).empty for a in ivs for b in ivs)
+
+
+def test_the_cards_spread_is_the_widest_repeat(rows):
+    """The card's known limitation quotes the widest spread of one configuration's runs, and its two examples."""
+    import yaml
+
+    card = yaml.safe_load((ROOT / "skills/perf-expert-parallel-overlap/card.yaml").read_text(encoding="utf-8"))
+    text = next(k["text"] for k in card["known_limitations"] if k["source"] == ["moe-overlap-repeats"])
+    g = rp.widest(rows)
+    ms = sorted(r["measured"] for r in g["runs"])
+    assert f"up to {round((ms[-1] - ms[0]) * 100)} points wide" in text
+    assert g["config"][0] == "qwen3-30b-a3b" and g["config"][6:8] == ("native", "nccl")
+    assert f"from {round((1 - ms[0]) * 100)}% slower to flat" in text and acc._sign(ms[-1]) == "flat"
+    proxy = next(x for x in rp.repeated(rows) if x["config"][0] == "dsv3-proxy" and x["config"][6:9] == (
+        "native", "nccl", "1f1b+wgrad"))
+    pm = sorted(r["measured"] for r in proxy["runs"])
+    assert acc._sign(pm[0]) == "flat" and all(acc._sign(m) == "faster" for m in pm[1:])
+    assert f"{round((pm[1] - 1) * 100)}-{round((pm[-1] - 1) * 100)}% faster in {len(pm) - 1} others" in text.replace(
+        "four", "4")
