@@ -22,8 +22,9 @@ from moe_overlap.skill.estimate.timeline import NodeTimes
 NEGLIGIBLE_SPEEDUP = 1.05  # below a 5% predicted gain the card's "gain likely negligible" applies
 SLOWER = 0.97  # predicted more than 3% slower: avoid
 MEASURE = [
-    "moe-overlap verify CONFIG: baseline vs overlap vs overlap + delayed wgrad on your GPUs, judged by the skill's "
-    "success criteria (throughput, loss, memory)",
+    "moe-overlap verify CONFIG: baseline vs overlap vs overlap + delayed wgrad on your GPUs, their steps "
+    "interleaved (two separate jobs of one configuration can differ by more than a few percent: card "
+    "known_limitations), judged by the skill's success criteria (throughput, loss, memory)",
     "a profile of one step without overlap (nsys): the share of step time where an all-to-all runs and no "
     "compute does; the overlap can hide at most that share, and costs host work and SMs beside it",
 ]
