@@ -34,6 +34,20 @@ def test_an_all_to_all_ready_when_the_gemm_starts_stretches_it_whichever_was_add
     assert later.free["compute"] == 10.0
 
 
+def test_a_task_after_a_gemm_stretched_later_waits_for_the_stretched_end():
+    """The GEMM's end that gemm() returned moves when an all-to-all added after it starts beside it: a task that
+    depends on that end (the backward dispatch of dgrad's output) starts at the stretched end, not the first one."""
+    tl = Timeline(wave=0.5)
+    tl.add("compute", 1.0)
+    g = tl.gemm(10.0, 1.0)  # 1-11
+    tl.add("comm", 4.0, 0.5)  # 0.5-4.5, ready before the GEMM started: stretched by 0.5 x 3.5
+    assert tl.free["compute"] == pytest.approx(12.75)
+    assert tl.add("comm", 1.0, g) == pytest.approx(13.75)
+    assert tl.add("compute", 1.0, g) == pytest.approx(13.75)
+    tl.shift(100.0)  # the steady-state jump moves the mapping with the streams
+    assert tl.moved[g + 100.0] == pytest.approx(112.75)
+
+
 def test_without_a_wave_gemm_is_add():
     tl = Timeline()
     tl.add("comm", 4.0)

@@ -87,7 +87,7 @@ BACKENDS = {
 }
 
 # (pessimistic, optimistic) multipliers of the overlap efficiency and of the host factors' excess over 1: the
-# measured ranges (NVLink efficiency -0.13..1.20 around 1.00 with the second wave, -0.08..0.69 around 0.56 without;
+# measured ranges (NVLink efficiency -0.14..1.21 around 1.00 with the second wave, -0.08..0.69 around 0.56 without;
 # network 0.82 (0.73..0.91 without); NCCL host factors 1.12-1.22 and
 # 1.15-1.30 around 1.177 / 1.214, copy engines 1.07-1.15 and 1.08-1.14 around 1.109 / 1.112: host.py).
 BAND = {"efficiency": (0.5, 1.25), "host_excess": (1.9, 0.45)}

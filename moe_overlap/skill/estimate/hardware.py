@@ -22,7 +22,7 @@ DEFAULT_A2A_EFFICIENCY = 0.75
 # this project's first two-H200 round (one host, NV18 NVLink, torch 2.11, NCCL; 2026-11-29): per shape, the 1f1b
 # layer pair's gain over the same layer's nodes run one after the other, over the gain the model predicts from the
 # pieces timed alone in the same run at efficiency 1 (benchmarks/estimator/second_wave.py prints them;
-# tests/unit/test_estimate_presets.py recomputes them). NCCL over NVLink: -0.13 / 1.20 / 1.00 at the
+# tests/unit/test_estimate_presets.py recomputes them). NCCL over NVLink: -0.14 / 1.21 / 1.00 at the
 # Qwen3-30B-A3B / DeepSeek-V3 / DSv3-proxy shapes, median 1.00 (the second wave is the whole loss there; the small
 # Qwen3 layer is host-bound and hides nothing); NCCL's network transport (an emulated inter-node link, the
 # `balanced` shape): 0.82. Before the second wave was measured these were blends fitted on the same runs

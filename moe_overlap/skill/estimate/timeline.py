@@ -51,16 +51,21 @@ class Timeline:
     until the all-to-all ends or an early block has done its share (a second wave; measured on one H200 beside a
     kernel holding SMs, skill/estimate/costs.py SECOND_WAVE). That holds whichever was added first: an
     all-to-all issued after the GEMM but ready when it starts gets the SMs first (the comm stream's priority,
-    ep/streams.py). The stretch is not work: ``busy`` (and so ``serial``) keeps the GEMM's own time."""
+    ep/streams.py). The stretch is not work: ``busy`` (and so ``serial``) keeps the GEMM's own time. A task that
+    depends on a GEMM stretched after ``gemm`` returned its end waits for the stretched end (``moved``)."""
 
     free: dict[str, float] = field(default_factory=lambda: {"compute": 0.0, "comm": 0.0})
     busy: dict[str, float] = field(default_factory=lambda: {"compute": 0.0, "comm": 0.0})
     wave: float = 0.0
     comm_spans: list[tuple[float, float]] = field(default_factory=list)  # the last few all-to-alls
     last_gemm: tuple[float, float, float] | None = None  # (start, own time, stretch) while it ends the stream
+    moved: dict[float, float] = field(default_factory=dict)  # end gemm() returned -> its end now (last few GEMMs)
+
+    def _start(self, resource: str, deps: tuple[float, ...]) -> float:
+        return max([self.free[resource], *(self.moved.get(d, d) for d in deps)])
 
     def add(self, resource: str, duration: float, *deps: float) -> float:
-        start = max([self.free[resource], *deps])
+        start = self._start(resource, deps)
         end = start + duration
         self.free[resource] = end
         self.busy[resource] += duration
@@ -76,12 +81,14 @@ class Timeline:
         """An expert GEMM on the compute stream (``add`` when ``wave`` is 0)."""
         if not self.wave:
             return self.add("compute", duration, *deps)
-        start = max([self.free["compute"], *deps])
+        start = self._start("compute", deps)
         left = max([c1 - start for c0, c1 in self.comm_spans if c0 <= start < c1] or [0.0])
         stretch = self.wave * min(left, duration)
         self.free["compute"] = start + duration + stretch
         self.busy["compute"] += duration
         self.last_gemm = (start, duration, stretch)
+        self.moved = {k: v for k, v in list(self.moved.items())[-3:]}
+        self.moved[self.free["compute"]] = self.free["compute"]
         return self.free["compute"]
 
     def _stretch_last(self, c0: float, c1: float) -> None:
@@ -89,13 +96,16 @@ class Timeline:
             return
         g0, own, done = self.last_gemm
         if c0 <= g0 + 1e-12 and g0 < c1 and (s := self.wave * min(c1 - g0, own)) > done:
+            returned = next(reversed(self.moved))  # the last GEMM's entry: gemm() added it last
             self.free["compute"] += s - done
+            self.moved[returned] = self.free["compute"]
             self.last_gemm = (g0, own, s)
 
     def shift(self, by: float) -> None:
         """Move the stream state by `by` ms (the steady-state extrapolation's jump)."""
         self.free = {k: v + by for k, v in self.free.items()}
         self.comm_spans = [(a + by, b + by) for a, b in self.comm_spans]
+        self.moved = {k + by: v + by for k, v in self.moved.items()}
         if self.last_gemm is not None:
             self.last_gemm = (self.last_gemm[0] + by, *self.last_gemm[1:])
 
