@@ -138,21 +138,21 @@ def markdown(rows: list[dict]) -> str:
                      f"{min(ps):.3f}-{max(ps):.3f}x | {g['all'].text()} | "
                      f"{'yes' if g['median_passes'] else '**no**'} ({g['median_predicted']:.3f} vs "
                      f"{g['median_measured']:.3f}) |")
-    miss = misses(rows)
+    miss, by = misses(rows), groups(rows)
     contradicted = [g for g in rep if g["all"].empty]
     lines += ["", "| row that misses | run | predicted | measured | passes against another run of its "
               "configuration |", "|---|---|---|---|---|"]
     for m in miss:
         r = m["row"]
         other = "; ".join(f"{_run(o)} ({o['measured']:.3f}x)" for o in m["passes_against"]) or (
-            "no" + ("" if len(groups(rows)[r["config"]]) > 1 else ": measured once"))
+            "no" + ("" if len(by[r["config"]]) > 1 else ": measured once"))
         lines.append(f"| {r['what'].removeprefix('ours, ')} | {_run(r)} | {r['predicted']:.3f}x | "
                      f"{r['measured']:.3f}x | {other} |")
     lines += ["", f"{len(rep)} configurations were measured in more than one committed run; for "
               f"{len(contradicted)} of them no prediction passes against every run. "
               f"{sum(bool(m['passes_against']) for m in miss)} of the {len(miss)} rows that miss pass against "
               "another committed run of their configuration; "
-              f"{sum(len(groups(rows)[m['row']['config']]) == 1 for m in miss)} were measured once. Against each "
+              f"{sum(len(by[m['row']['config']]) == 1 for m in miss)} were measured once. Against each "
               f"repeated configuration's median run, {sum(g['median_passes'] for g in rep)} of {len(rep)} pass."]
     return "\n".join(lines)
 
